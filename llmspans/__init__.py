@@ -1,0 +1,20 @@
+"""llmspans: where an LLM request's time goes, as OpenTelemetry spans and metrics.
+
+The whole public API is here; everything else in the package is private.
+"""
+
+from llmspans._budget import BudgetExceeded
+from llmspans._setup import Configuration, configure
+from llmspans._stages import retrieval, stage, tool, turn
+from llmspans._version import __version__
+
+__all__ = [
+    "BudgetExceeded",
+    "Configuration",
+    "__version__",
+    "configure",
+    "retrieval",
+    "stage",
+    "tool",
+    "turn",
+]

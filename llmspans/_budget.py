@@ -1,0 +1,153 @@
+"""Budgets: time allowances per stage, LLM call or turn, and what happens when one is spent.
+
+Budgets come from three places, most specific first: the `budget=` argument of a
+decorator, `instrument()` or `turn()`; `configure(budgets=...)`; the `LLMSPANS_BUDGETS`
+environment variable. They are seconds everywhere inside llmspans.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from collections.abc import Mapping
+from typing import Literal
+
+from opentelemetry.metrics import Counter
+from opentelemetry.trace import Span
+
+from llmspans import _names as names
+
+OnExceed = Literal["record", "cancel"]
+ON_EXCEED_CHOICES: tuple[OnExceed, ...] = ("record", "cancel")
+
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "us": 1e-6, "µs": 1e-6}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|us|µs|s|m)?\s*$")
+
+
+class BudgetExceeded(Exception):
+    """Raised by a stage with `on_exceed="cancel"` when its work outlives its budget."""
+
+    def __init__(self, stage: str, budget: float, elapsed: float) -> None:
+        super().__init__(f"stage '{stage}' exceeded its budget of {budget:g}s (cut at {elapsed:.3f}s)")
+        self.stage = stage
+        self.budget = budget
+        self.elapsed = elapsed
+
+
+def parse_seconds(value: object, *, what: str) -> float:
+    """Turn `0.3`, `300`, `"300ms"` or `"1.6s"` into positive seconds, or say what to pass."""
+    seconds: float | None = None
+    if isinstance(value, bool):
+        seconds = None
+    elif isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(
+            f"{what} must be a positive number of seconds (or a string like '300ms' or '1.6s'), got {value!r}"
+        )
+    return seconds
+
+
+def parse_budgets(spec: str | Mapping[str, object], *, source: str = "budgets") -> dict[str, float]:
+    """Parse `{"retrieval": 0.3}` or `"retrieval=300ms,llm=1.6s"` into seconds per stage name."""
+    if isinstance(spec, str):
+        items: list[tuple[object, object]] = []
+        for entry in filter(None, (part.strip() for part in spec.split(","))):
+            name, sep, value = entry.partition("=")
+            if not sep or not name.strip():
+                raise ValueError(f"{source}: entry {entry!r} must look like 'stage=300ms'")
+            items.append((name.strip(), value.strip()))
+    elif isinstance(spec, Mapping):
+        items = list(spec.items())
+    else:
+        raise TypeError(
+            f"{source} must be a mapping like {{'retrieval': 0.3}} or a string like 'retrieval=300ms', "
+            f"got {type(spec).__name__}"
+        )
+    parsed: dict[str, float] = {}
+    for key, amount in items:
+        stage = key if isinstance(key, str) else ""
+        if not stage:
+            raise ValueError(f"{source}: stage names must be non-empty strings, got {key!r}")
+        parsed[stage] = parse_seconds(amount, what=f"{source}: budget for {stage!r}")
+    return parsed
+
+
+def check_on_exceed(on_exceed: object) -> OnExceed:
+    for choice in ON_EXCEED_CHOICES:
+        if on_exceed == choice:
+            return choice
+    raise ValueError(f"on_exceed must be one of {ON_EXCEED_CHOICES}, got {on_exceed!r}")
+
+
+class BudgetRegistry:
+    """The budgets in force per stage name; also the source of the `llmspans.stage.budget` gauge."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._configured: dict[str, float] = {}
+        self._env_loaded = False
+        self._seen: dict[str, float] = {}
+
+    def configure(self, budgets: Mapping[str, float]) -> None:
+        with self._lock:
+            self._configured.update(budgets)
+
+    def _load_env(self) -> None:
+        raw = os.environ.get(names.ENV_BUDGETS)
+        env = parse_budgets(raw, source=names.ENV_BUDGETS) if raw else {}
+        with self._lock:
+            for stage, seconds in env.items():
+                self._configured.setdefault(stage, seconds)
+            self._env_loaded = True
+
+    def resolve(self, stage: str, explicit: float | None) -> float | None:
+        """The budget for one span: its own, else the configured one for its stage name."""
+        if not self._env_loaded:
+            self._load_env()
+        budget = explicit if explicit is not None else self._configured.get(stage)
+        if budget is not None and self._seen.get(stage) != budget:
+            with self._lock:
+                self._seen[stage] = budget
+        return budget
+
+    def current(self) -> dict[str, float]:
+        """Every budget known: configured ones and those last used on a span, by stage name."""
+        if not self._env_loaded:
+            self._load_env()
+        with self._lock:
+            return {**self._seen, **self._configured}
+
+    def reset(self) -> None:
+        with self._lock:
+            self._configured.clear()
+            self._seen.clear()
+            self._env_loaded = False
+
+
+registry = BudgetRegistry()
+
+
+def record_on_span(
+    span: Span, stage: str, budget: float | None, elapsed: float, exceeded_counter: Counter
+) -> bool:
+    """Write the budget attributes on `span` and count an overrun; True when the budget was exceeded."""
+    if budget is None:
+        return False
+    exceeded = elapsed > budget
+    span.set_attributes(
+        {
+            names.BUDGET: budget,
+            names.BUDGET_EXCEEDED: exceeded,
+            names.BUDGET_OVERRUN: max(0.0, elapsed - budget),
+        }
+    )
+    if exceeded:
+        exceeded_counter.add(1, {names.STAGE: stage})
+    return exceeded

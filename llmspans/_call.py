@@ -1,0 +1,303 @@
+"""The call record: the timestamps of one logical LLM call, turned into buckets at finish.
+
+Adapters and the transport stamp instants on it (`perf_counter_ns`, taken where the byte
+or chunk arrives); `finish()` turns them into the six buckets of DESIGN §1, which sum to
+the span's duration exactly because the span's start and end are derived from the same
+monotonic stamps. It knows nothing of any client library.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from llmspans import _budget, _telemetry
+from llmspans import _names as names
+from llmspans._gaps import GapSketch
+from llmspans._guard import guarded
+from llmspans._stages import current_turn
+
+_NS = 1e-9
+
+
+class Attempt:
+    """One HTTP attempt as the transport saw it."""
+
+    __slots__ = (
+        "body_done_ns", "cause", "connect_ns", "connected_ns", "ended_ns", "new_connection", "started_ns", "status",
+    )  # fmt: skip
+
+    def __init__(self, started_ns: int) -> None:
+        self.started_ns = started_ns
+        self.connected_ns = started_ns  # when the connection was ready; == start for a reused one
+        self.connect_ns = 0
+        self.new_connection = False
+        self.status: int | None = None
+        self.cause: str | None = None
+        self.body_done_ns: int | None = None
+        self.ended_ns: int | None = None
+
+
+class CallRecord:
+    """Owns one logical LLM call: its span, its instants and its stream statistics."""
+
+    __slots__ = (
+        "_finish_lock", "admitted_ns", "attempts", "budget", "cache_read_tokens", "chunks", "error_type",
+        "finish_reasons", "finished", "first_chunk_ns", "gaps", "input_tokens", "last_chunk_ns",
+        "metric_attributes", "output_tokens", "queued_ns", "released_ns", "response_id", "response_model",
+        "span", "stream", "turn", "wall_anchor_ns", "wasted_output_tokens",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        operation: str,
+        model: str | None,
+        provider: str,
+        stream: bool,
+        request_attributes: Mapping[str, AttributeValue] | None = None,
+        server_address: str | None = None,
+        server_port: int | None = None,
+        budget: float | None = None,
+    ) -> None:
+        self.queued_ns = time.perf_counter_ns()
+        self.wall_anchor_ns = time.time_ns()
+        self.admitted_ns: int | None = None
+        self.attempts: list[Attempt] = []
+        self.first_chunk_ns = 0
+        self.last_chunk_ns = 0
+        self.released_ns: int | None = None
+        self.chunks = 0
+        self.gaps: GapSketch | None = GapSketch() if stream else None
+        self.stream = stream
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.cache_read_tokens: int | None = None
+        self.wasted_output_tokens = 0
+        self.response_id: str | None = None
+        self.response_model: str | None = None
+        self.finish_reasons: tuple[str, ...] = ()
+        self.error_type: str | None = None
+        self.finished = False
+        self._finish_lock = threading.Lock()
+        self.budget = _budget.registry.resolve(names.STAGE_LLM, budget)
+        self.turn = current_turn.get()
+
+        attributes: dict[str, AttributeValue] = {
+            names.GEN_AI_OPERATION_NAME: operation,
+            names.GEN_AI_PROVIDER_NAME: provider,
+            names.GEN_AI_REQUEST_STREAM: stream,
+            names.STAGE: names.STAGE_LLM,
+        }
+        metric_attributes: dict[str, AttributeValue] = {
+            names.GEN_AI_OPERATION_NAME: operation,
+            names.GEN_AI_PROVIDER_NAME: provider,
+        }
+        if model:
+            attributes[names.GEN_AI_REQUEST_MODEL] = model
+            metric_attributes[names.GEN_AI_REQUEST_MODEL] = model
+        if server_address:
+            attributes[names.SERVER_ADDRESS] = server_address
+            metric_attributes[names.SERVER_ADDRESS] = server_address
+        if server_port:
+            attributes[names.SERVER_PORT] = server_port
+            metric_attributes[names.SERVER_PORT] = server_port
+        if request_attributes:
+            attributes.update(request_attributes)
+        self.metric_attributes = metric_attributes
+        self.span: Span = _telemetry.tracer().start_span(
+            f"{operation} {model}" if model else operation,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+            start_time=self.wall_anchor_ns,
+        )
+
+    # --- instants -------------------------------------------------------------------------
+
+    def wall_ns(self, monotonic_ns: int) -> int:
+        """Epoch time of a monotonic stamp, on the span's own time line."""
+        return self.wall_anchor_ns + (monotonic_ns - self.queued_ns)
+
+    @guarded("call.admitted", None)
+    def admitted(self, now_ns: int, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+        self.admitted_ns = now_ns
+        if attributes:
+            self.span.set_attributes(attributes)
+        self.span.add_event(names.EVENT_ADMITTED, timestamp=self.wall_ns(now_ns))
+
+    def attempt(self, started_ns: int) -> Attempt:
+        attempt = Attempt(started_ns)
+        self.attempts.append(attempt)
+        return attempt
+
+    def content_chunk(self, now_ns: int) -> None:
+        """A chunk carrying tokens arrived: the hot path, a few integer operations."""
+        last = self.last_chunk_ns
+        if last:
+            gap = now_ns - last
+            gaps = self.gaps
+            if gaps is not None:
+                gaps.add(gap)
+        else:
+            self.first_chunk_ns = now_ns
+        self.last_chunk_ns = now_ns
+        self.chunks += 1
+
+    def set_usage(self, input_tokens: Any, output_tokens: Any, cache_read_tokens: Any = None) -> None:
+        """Record token counts the server reported; anything that is not a count is ignored."""
+        if isinstance(input_tokens, int) and not isinstance(input_tokens, bool) and input_tokens >= 0:
+            self.input_tokens = input_tokens
+        if isinstance(output_tokens, int) and not isinstance(output_tokens, bool) and output_tokens >= 0:
+            self.output_tokens = output_tokens
+        if isinstance(cache_read_tokens, int) and not isinstance(cache_read_tokens, bool):
+            self.cache_read_tokens = cache_read_tokens
+
+    def set_response(
+        self, response_id: Any = None, model: Any = None, finish_reasons: Sequence[Any] = ()
+    ) -> None:
+        if isinstance(response_id, str) and response_id:
+            self.response_id = response_id
+        if isinstance(model, str) and model:
+            self.response_model = model
+        reasons = tuple(str(reason) for reason in finish_reasons if reason)
+        if reasons:
+            self.finish_reasons = reasons
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        self.span.set_attributes(attributes)
+
+    # --- finish -----------------------------------------------------------------------------
+
+    def buckets_ns(self, released_ns: int) -> dict[str, int]:
+        """The six buckets in nanoseconds; they add up to `released_ns - queued_ns` exactly."""
+        queued = self.queued_ns
+        admitted = self.admitted_ns if self.admitted_ns is not None else queued
+        if self.attempts:
+            final = self.attempts[-1]
+            final_start, connected, body_done = final.started_ns, final.connected_ns, final.body_done_ns
+        else:
+            final_start = connected = admitted
+            body_done = None
+        if self.stream:
+            first = self.first_chunk_ns or released_ns
+            last = self.last_chunk_ns or first
+        else:
+            first = last = body_done if body_done is not None else released_ns
+        points = [queued]
+        for instant in (admitted, final_start, connected, first, last, released_ns):
+            points.append(min(released_ns, max(points[-1], instant)))
+        return {bucket: points[i + 1] - points[i] for i, bucket in enumerate(names.BUCKETS)}
+
+    def finish(self, outcome: str, error: BaseException | None = None, now_ns: int | None = None) -> None:
+        """End the call exactly once, on whichever path gets here first."""
+        if self.finished:
+            return
+        with self._finish_lock:
+            if self.finished:
+                return
+            self.finished = True
+        released = now_ns if now_ns is not None else time.perf_counter_ns()
+        self.released_ns = released
+        try:
+            self._write(outcome, error, released)
+        finally:
+            self.span.end(end_time=self.wall_ns(released))
+
+    @guarded("call.finish", None)
+    def _write(self, outcome: str, error: BaseException | None, released: int) -> None:
+        span = self.span
+        buckets = self.buckets_ns(released)
+        duration = (released - self.queued_ns) * _NS
+        attributes: dict[str, AttributeValue] = {
+            attribute: buckets[bucket] * _NS
+            for attribute, bucket in zip(names.BUCKET_ATTRIBUTES, names.BUCKETS, strict=True)
+        }
+        failed = self.attempts[:-1]
+        attributes[names.RETRY_COUNT] = len(failed)
+        if failed:
+            attributes[names.RETRY_CAUSES] = [attempt.cause or "unknown" for attempt in failed]
+            attributes[names.RETRY_WASTED_OUTPUT_TOKENS] = self.wasted_output_tokens
+        if self.attempts:
+            attributes[names.CONNECT_NEW] = sum(1 for attempt in self.attempts if attempt.new_connection)
+            attributes[names.CONNECT_REUSED] = not self.attempts[-1].new_connection
+        if self.stream:
+            attributes[names.STREAM_CHUNKS] = self.chunks
+            attributes[names.STREAM_OUTCOME] = outcome
+            if self.first_chunk_ns:
+                attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = (
+                    self.first_chunk_ns - self.queued_ns
+                ) * _NS
+                span.add_event(names.EVENT_FIRST_TOKEN, timestamp=self.wall_ns(self.first_chunk_ns))
+                span.add_event(names.EVENT_LAST_TOKEN, timestamp=self.wall_ns(self.last_chunk_ns))
+            gaps = self.gaps
+            if gaps is not None and gaps.count:
+                attributes[names.ITL_P50] = gaps.quantile_ns(0.5) * _NS
+                attributes[names.ITL_P95] = gaps.quantile_ns(0.95) * _NS
+                attributes[names.ITL_MAX] = gaps.max_ns * _NS
+            stream_s = buckets["stream"] * _NS
+            if self.output_tokens is not None and self.output_tokens > 1 and stream_s > 0:
+                # The first token's time is in first_token; the stream bucket holds the rest.
+                attributes[names.OUTPUT_TOKENS_PER_SECOND] = (self.output_tokens - 1) / stream_s
+        if self.response_id:
+            attributes[names.GEN_AI_RESPONSE_ID] = self.response_id
+        if self.response_model:
+            attributes[names.GEN_AI_RESPONSE_MODEL] = self.response_model
+        if self.finish_reasons:
+            attributes[names.GEN_AI_RESPONSE_FINISH_REASONS] = list(self.finish_reasons)
+        if self.input_tokens is not None:
+            attributes[names.GEN_AI_USAGE_INPUT_TOKENS] = self.input_tokens
+        if self.output_tokens is not None:
+            attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] = self.output_tokens
+        if self.cache_read_tokens is not None:
+            attributes[names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = self.cache_read_tokens
+
+        if error is not None or outcome == names.OUTCOME_ERROR:
+            self.error_type = self.error_type or (type(error).__qualname__ if error is not None else "error")
+        if self.error_type:
+            attributes[names.ERROR_TYPE] = self.error_type
+            span.set_status(Status(StatusCode.ERROR, self.error_type))
+        span.set_attributes(attributes)
+
+        instruments = _telemetry.instruments()
+        _budget.record_on_span(span, names.STAGE_LLM, self.budget, duration, instruments.budget_exceeded)
+        self._record_metrics(instruments, buckets, duration)
+        if self.turn is not None:
+            self.turn.add(names.STAGE_LLM, released - self.queued_ns)
+
+    def _record_metrics(self, instruments: Any, buckets: Mapping[str, int], duration: float) -> None:
+        common = dict(self.metric_attributes)
+        if self.response_model:
+            common[names.GEN_AI_RESPONSE_MODEL] = self.response_model
+        if self.error_type:
+            common[names.ERROR_TYPE] = self.error_type
+        instruments.operation_duration.record(duration, common)
+        instruments.stage_duration.record(duration, {names.STAGE: names.STAGE_LLM})
+        for bucket, value in buckets.items():
+            instruments.bucket_duration.record(
+                value * _NS, {**self.metric_attributes, names.METRIC_ATTR_BUCKET: bucket}
+            )
+        if self.input_tokens is not None:
+            instruments.token_usage.record(
+                self.input_tokens, {**common, names.GEN_AI_TOKEN_TYPE: names.TOKEN_TYPE_INPUT}
+            )
+        if self.output_tokens is not None:
+            instruments.token_usage.record(
+                self.output_tokens, {**common, names.GEN_AI_TOKEN_TYPE: names.TOKEN_TYPE_OUTPUT}
+            )
+        if self.stream and self.first_chunk_ns:
+            instruments.time_to_first_chunk.record((self.first_chunk_ns - self.queued_ns) * _NS, common)
+            if self.chunks > 1:
+                mean_gap = (self.last_chunk_ns - self.first_chunk_ns) * _NS / (self.chunks - 1)
+                instruments.time_per_output_chunk.record(mean_gap, common)
+        for attempt in self.attempts[:-1]:
+            instruments.retry_attempts.add(
+                1, {**self.metric_attributes, names.METRIC_ATTR_RETRY_CAUSE: attempt.cause or "unknown"}
+            )
+        opened = sum(1 for attempt in self.attempts if attempt.new_connection)
+        if opened:
+            instruments.connect_new.add(opened, self.metric_attributes)

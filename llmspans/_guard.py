@@ -1,0 +1,87 @@
+"""The firewall between llmspans' own failures and the user's code.
+
+Every hook llmspans runs inside a user's call goes through `guarded` or `swallow`, so an
+internal error is logged once per site and never reaches the application. A test switch
+(`_fault`) makes a named site raise, to prove the firewall holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
+
+logger = logging.getLogger("llmspans")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_reported: set[str] = set()
+_reported_lock = threading.Lock()
+_faults: set[str] = set()
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a site the fault-injection switch names; only ever seen in tests."""
+
+
+def report(site: str, error: BaseException) -> None:
+    """Log an internal error once per site: a broken hook must not flood the app's logs."""
+    with _reported_lock:
+        if site in _reported:
+            return
+        _reported.add(site)
+    with contextlib.suppress(Exception):  # logging itself may be broken; we still must not raise
+        logger.warning(
+            "llmspans: internal error in %s, telemetry for this call may be incomplete", site, exc_info=error
+        )
+
+
+def check_fault(site: str) -> None:
+    """Raise at `site` when a test asked for it; a set lookup otherwise."""
+    if _faults and site in _faults:
+        raise InjectedFault(site)
+
+
+def guarded(site: str, default: R) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate an internal hook so that any exception is reported and `default` returned."""
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                check_fault(site)
+                return func(*args, **kwargs)
+            except Exception as error:
+                report(site, error)
+                return default
+
+        return wrapper
+
+    return decorate
+
+
+@contextmanager
+def swallow(site: str) -> Iterator[None]:
+    """Run a block of instrumentation code whose failure must not reach the caller."""
+    try:
+        check_fault(site)
+        yield
+    except Exception as error:
+        report(site, error)
+
+
+@contextmanager
+def inject_faults(*sites: str) -> Iterator[None]:
+    """Make the named internal sites raise inside the block (for fault-injection tests)."""
+    _faults.update(sites)
+    with _reported_lock:
+        _reported.clear()
+    try:
+        yield
+    finally:
+        _faults.difference_update(sites)

@@ -1,0 +1,134 @@
+"""Every span, attribute, event and metric name llmspans emits, in one place.
+
+These names are public API (DESIGN §2-3): dashboards, the report and users' queries
+depend on them. Nothing else in the package spells one of them as a literal.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+INSTRUMENTATION_NAME: Final = "llmspans"
+
+# --- OpenTelemetry GenAI semantic conventions -------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
+GEN_AI_DATA_SOURCE_ID: Final = "gen_ai.data_source.id"
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+
+OPERATION_CHAT: Final = "chat"
+OPERATION_TEXT_COMPLETION: Final = "text_completion"
+OPERATION_EMBEDDINGS: Final = "embeddings"
+OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+OPERATION_RETRIEVAL: Final = "retrieval"
+
+# --- stable HTTP / general conventions ----------------------------------------------------
+ERROR_TYPE: Final = "error.type"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+HTTP_REQUEST_RESEND_COUNT: Final = "http.request.resend_count"
+URL_FULL: Final = "url.full"
+
+# --- llmspans: stages, buckets, stream, retries, connections, limiter, budgets --------------
+STAGE: Final = "llmspans.stage"
+STAGE_LLM: Final = "llm"
+STAGE_TURN: Final = "turn"
+STAGE_TOOL: Final = "tool"
+STAGE_RETRIEVAL: Final = "retrieval"
+
+BUCKETS: Final = ("queue", "retry", "connect", "first_token", "stream", "post")
+BUCKET_PREFIX: Final = "llmspans.bucket."
+BUCKET_ATTRIBUTES: Final = tuple(BUCKET_PREFIX + bucket for bucket in BUCKETS)
+
+STREAM_CHUNKS: Final = "llmspans.stream.chunks"
+STREAM_OUTCOME: Final = "llmspans.stream.outcome"
+ITL_P50: Final = "llmspans.itl.p50"
+ITL_P95: Final = "llmspans.itl.p95"
+ITL_MAX: Final = "llmspans.itl.max"
+OUTPUT_TOKENS_PER_SECOND: Final = "llmspans.output_tokens_per_second"
+
+OUTCOME_COMPLETED: Final = "completed"
+OUTCOME_ABANDONED: Final = "abandoned"
+OUTCOME_ERROR: Final = "error"
+OUTCOME_CANCELLED: Final = "cancelled"
+
+RETRY_COUNT: Final = "llmspans.retry.count"
+RETRY_CAUSES: Final = "llmspans.retry.causes"
+RETRY_WASTED_OUTPUT_TOKENS: Final = "llmspans.retry.wasted_output_tokens"
+
+CONNECT_NEW: Final = "llmspans.connect.new"
+CONNECT_REUSED: Final = "llmspans.connect.reused"
+CONNECT_DURATION: Final = "llmspans.connect.duration"
+
+LIMITER_NAME: Final = "llmspans.limiter.name"
+LIMITER_CAP: Final = "llmspans.limiter.cap"
+LIMITER_IN_FLIGHT: Final = "llmspans.limiter.in_flight"
+LIMITER_QUEUE_DEPTH: Final = "llmspans.limiter.queue_depth"
+
+BUDGET: Final = "llmspans.budget"
+BUDGET_EXCEEDED: Final = "llmspans.budget.exceeded"
+BUDGET_OVERRUN: Final = "llmspans.budget.overrun"
+BUDGET_CUT: Final = "llmspans.budget.cut"
+
+TURN_STAGE_PREFIX: Final = "llmspans.turn.stage."
+TURN_DOMINANT_STAGE: Final = "llmspans.turn.dominant_stage"
+
+CODE_FUNCTION: Final = "code.function.name"
+
+EVENT_ADMITTED: Final = "llmspans.admitted"
+EVENT_FIRST_TOKEN: Final = "llmspans.first_token"
+EVENT_LAST_TOKEN: Final = "llmspans.last_token"
+
+# --- metrics --------------------------------------------------------------------------------
+METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
+METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+METRIC_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
+METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"
+METRIC_BUCKET_DURATION: Final = "llmspans.bucket.duration"
+METRIC_STAGE_DURATION: Final = "llmspans.stage.duration"
+METRIC_STAGE_BUDGET: Final = "llmspans.stage.budget"
+METRIC_BUDGET_EXCEEDED: Final = "llmspans.budget.exceeded"
+METRIC_RETRY_ATTEMPTS: Final = "llmspans.retry.attempts"
+METRIC_CONNECT_NEW: Final = "llmspans.connect.new"
+METRIC_LIMITER_IN_FLIGHT: Final = "llmspans.limiter.in_flight"
+METRIC_LIMITER_QUEUE_DEPTH: Final = "llmspans.limiter.queue_depth"
+METRIC_LIMITER_CAP: Final = "llmspans.limiter.cap"
+
+METRIC_ATTR_BUCKET: Final = "llmspans.bucket"
+METRIC_ATTR_RETRY_CAUSE: Final = "llmspans.retry.cause"
+TOKEN_TYPE_INPUT: Final = "input"
+TOKEN_TYPE_OUTPUT: Final = "output"
+
+# Bucket boundaries from the GenAI semantic conventions.
+DURATION_BOUNDARIES: Final = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+TOKEN_BOUNDARIES: Final = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+# The conventions' per-output-token boundaries, used for time per output chunk.
+CHUNK_BOUNDARIES: Final = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+# --- environment ------------------------------------------------------------------------------
+ENV_TRACES_FILE: Final = "LLMSPANS_TRACES_FILE"
+ENV_BUDGETS: Final = "LLMSPANS_BUDGETS"
+ENV_CAPTURE_CONTENT: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+DEFAULT_TRACES_FILE: Final = "llmspans-traces.jsonl"

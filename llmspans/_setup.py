@@ -1,0 +1,270 @@
+"""`configure()`: one call that sets up tracing and metrics export.
+
+With an OTLP endpoint (argument or the standard `OTEL_*` variables) spans go out through
+a bounded batch processor and metrics through a periodic reader, both off the request
+path. With no endpoint anywhere, the embedded default appends OTLP-JSON lines (the
+encoding Jaeger's `/api/v3` returns) to a local file the report reads, through the
+official `opentelemetry-exporter-otlp-json-file` exporters.
+
+An application that already installed a global provider keeps it: configure adds its
+exporter to an SDK TracerProvider only when asked for one explicitly, and says once what
+it did.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal, cast
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from llmspans import _budget, _content
+from llmspans import _names as names
+
+logger = logging.getLogger("llmspans")
+
+Protocol = Literal["grpc", "http/protobuf"]
+PROTOCOLS: tuple[Protocol, ...] = ("grpc", "http/protobuf")
+DEFAULT_METRIC_INTERVAL_MS = 10_000
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """What `configure()` set up; returned so callers and tests can see it."""
+
+    mode: Literal["otlp", "file", "existing"]
+    service_name: str | None
+    endpoint: str | None = None
+    protocol: Protocol | None = None
+    traces_file: Path | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+class _LineStream(io.TextIOBase):
+    """An append-only text file that writes each line whole under one lock.
+
+    The span and metric exporters run on different threads and share the file; each
+    writes one JSON line per call, so a locked write-and-flush keeps lines intact.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the exporters
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            written = self._file.write(text)
+            self._file.flush()
+            return written
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def writable(self) -> bool:
+        return True
+
+
+_lock = threading.Lock()
+_current: Configuration | None = None
+
+
+def configure(
+    *,
+    service_name: str | None = None,
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    traces_file: str | os.PathLike[str] | None = None,
+    budgets: Mapping[str, object] | str | None = None,
+    capture_content: object = None,
+    headers: Mapping[str, str] | None = None,
+    metric_interval: float | None = None,
+) -> Configuration:
+    """Set up tracing and metrics for llmspans; safe to call more than once."""
+    global _current
+    _check_arguments(service_name, endpoint, protocol, traces_file, headers, metric_interval)
+    if budgets is not None:
+        _budget.registry.configure(_budget.parse_budgets(budgets))
+    if capture_content is not None:
+        _content.set_configured(_content.check(capture_content))
+
+    with _lock:
+        if _current is not None:
+            if endpoint is not None or traces_file is not None or service_name is not None:
+                logger.warning(
+                    "llmspans: configure() was already called; exporters are unchanged (%s)", _current.mode
+                )
+            return _current
+        _current = _set_up(service_name, endpoint, protocol, traces_file, headers, metric_interval)
+        return _current
+
+
+def _check_arguments(
+    service_name: object, endpoint: object, protocol: object, traces_file: object, headers: object,
+    metric_interval: object,
+) -> None:  # fmt: skip
+    if service_name is not None and (not isinstance(service_name, str) or not service_name):
+        raise TypeError(f"service_name must be a non-empty string, got {service_name!r}")
+    if endpoint is not None and (not isinstance(endpoint, str) or "://" not in endpoint):
+        raise ValueError(f"endpoint must be a URL like 'http://localhost:4318', got {endpoint!r}")
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    if traces_file is not None and not isinstance(traces_file, (str, os.PathLike)):
+        raise TypeError(f"traces_file must be a path, got {traces_file!r}")
+    if headers is not None and not (
+        isinstance(headers, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    ):
+        raise TypeError("headers must be a mapping of header names to string values")
+    if metric_interval is not None and (
+        isinstance(metric_interval, bool)
+        or not isinstance(metric_interval, (int, float))
+        or metric_interval <= 0
+    ):
+        raise ValueError(f"metric_interval must be a positive number of seconds, got {metric_interval!r}")
+
+
+def _resource(service_name: str | None) -> Resource:
+    attributes = {SERVICE_NAME: service_name} if service_name else {}
+    resource = Resource.create(attributes)
+    if not service_name and not os.environ.get("OTEL_SERVICE_NAME"):
+        resource = resource.merge(Resource({SERVICE_NAME: "llmspans-app"}))
+    return resource
+
+
+def _set_up(
+    service_name: str | None,
+    endpoint: str | None,
+    protocol: str | None,
+    traces_file: str | os.PathLike[str] | None,
+    headers: Mapping[str, str] | None,
+    metric_interval: float | None,
+) -> Configuration:
+    env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    resolved_protocol: Protocol = (
+        protocol  # type: ignore[assignment]
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
+    if resolved_protocol not in PROTOCOLS:
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL must be one of {PROTOCOLS}, got {resolved_protocol!r}")
+    interval_ms = int(metric_interval * 1000) if metric_interval else None
+    use_otlp = (endpoint is not None or env_endpoint) and traces_file is None
+    path: Path | None = None
+    if use_otlp:
+        span_exporter, metric_exporter = _otlp_exporters(endpoint, resolved_protocol, headers)
+        mode: Literal["otlp", "file"] = "otlp"
+    else:
+        path = Path(
+            traces_file or os.environ.get(names.ENV_TRACES_FILE) or names.DEFAULT_TRACES_FILE
+        ).resolve()
+        span_exporter, metric_exporter = _file_exporters(path)
+        mode = "file"
+    shown_endpoint = endpoint or (env_endpoint if use_otlp else None)
+    explicit = endpoint is not None or traces_file is not None
+    resource = _resource(service_name)
+    notes: list[str] = []
+
+    existing_tracer = trace.get_tracer_provider()
+    if isinstance(existing_tracer, trace.ProxyTracerProvider):
+        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        trace.set_tracer_provider(tracer_provider)
+        exporting_spans = True
+    elif explicit and isinstance(existing_tracer, TracerProvider):
+        existing_tracer.add_span_processor(BatchSpanProcessor(span_exporter))
+        notes.append("added llmspans' span exporter to the application's existing TracerProvider")
+        exporting_spans = True
+    else:
+        exporting_spans = False
+        span_exporter.shutdown()
+        notes.append("left the application's existing TracerProvider and its exporters alone")
+
+    existing_meter = metrics.get_meter_provider()
+    if type(existing_meter).__name__ == "_ProxyMeterProvider":
+        reader = PeriodicExportingMetricReader(
+            metric_exporter, export_interval_millis=interval_ms or DEFAULT_METRIC_INTERVAL_MS
+        )
+        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+    else:
+        metric_exporter.shutdown()
+        notes.append("left the application's existing MeterProvider alone (metrics go to its readers)")
+
+    for note in notes:
+        logger.info("llmspans: %s", note)
+    return Configuration(
+        mode=mode if exporting_spans else "existing",
+        service_name=resource.attributes.get(SERVICE_NAME),  # type: ignore[arg-type]
+        endpoint=shown_endpoint if mode == "otlp" else None,
+        protocol=resolved_protocol if mode == "otlp" else None,
+        traces_file=path,
+        notes=tuple(notes),
+    )
+
+
+def _signal_url(endpoint: str, signal: str) -> str:
+    """OTLP/HTTP wants the full URL per signal; a bare collector address gets the standard path."""
+    base = endpoint.rstrip("/")
+    return base if base.endswith(f"/v1/{signal}") else f"{base}/v1/{signal}"
+
+
+def _otlp_exporters(
+    endpoint: str | None, protocol: Protocol, headers: Mapping[str, str] | None
+) -> tuple[SpanExporter, MetricExporter]:
+    """OTLP exporters; with no explicit endpoint they read every standard variable themselves."""
+    extra: dict[str, Any] = {"headers": dict(headers)} if headers else {}
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
+
+        if endpoint:
+            return GrpcSpans(endpoint=endpoint, **extra), GrpcMetrics(endpoint=endpoint, **extra)
+        return GrpcSpans(**extra), GrpcMetrics(**extra)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpans
+
+    if endpoint:
+        return (
+            HttpSpans(endpoint=_signal_url(endpoint, "traces"), **extra),
+            HttpMetrics(endpoint=_signal_url(endpoint, "metrics"), **extra),
+        )
+    return HttpSpans(**extra), HttpMetrics(**extra)
+
+
+def _file_exporters(path: Path) -> tuple[SpanExporter, MetricExporter]:
+    from opentelemetry.exporter.otlp.json.file import FileMetricExporter, FileSpanExporter
+
+    stream = cast(IO[str], _LineStream(path))
+    return FileSpanExporter(stream=stream), FileMetricExporter(stream=stream)
+
+
+def current() -> Configuration | None:
+    """The configuration in force, if `configure()` ran."""
+    return _current
+
+
+def _reset_for_tests() -> None:
+    global _current
+    with _lock:
+        _current = None

@@ -1,0 +1,496 @@
+"""Stages and turns: the app's own time around the model.
+
+`@stage`, `@retrieval` and `@tool` wrap sync and async functions, generators and async
+generators. The span covers the work (a generator's whole iteration), the OpenTelemetry
+context is attached only while the wrapped code runs (never across a `yield`, so a
+generator closed from another task cannot trip "Failed to detach context"), and the
+user's exceptions pass through as the same object.
+
+`turn()` is the root span of one interaction; stages and LLM calls inside it add their
+time to its per-stage totals, so the turn names its dominant stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable, Generator
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from llmspans import _budget, _telemetry
+from llmspans import _names as names
+from llmspans._guard import guarded
+
+F = TypeVar("F", bound=Callable[..., Any])
+_NS = 1e-9
+_MISSING: Any = object()
+
+
+class TurnTotals:
+    """Seconds per stage name inside one turn; shared by the tasks and threads the turn spawns."""
+
+    __slots__ = ("_lock", "totals_ns")
+
+    def __init__(self) -> None:
+        self.totals_ns: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, stage: str, elapsed_ns: int) -> None:
+        with self._lock:
+            self.totals_ns[stage] = self.totals_ns.get(stage, 0) + elapsed_ns
+
+
+current_turn: contextvars.ContextVar[TurnTotals | None] = contextvars.ContextVar(
+    "llmspans_turn", default=None
+)
+
+
+def _record_exception(span: Span, error: BaseException) -> None:
+    """The exception's type only: its message may quote prompts or tool arguments."""
+    span.add_event("exception", {"exception.type": type(error).__qualname__, "exception.escaped": True})
+    span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+    span.set_attribute(names.ERROR_TYPE, type(error).__qualname__)
+
+
+class _Scope:
+    """One stage execution: starts its span, and on finish writes budget, totals and metrics once."""
+
+    __slots__ = ("budget", "done", "span", "stage", "started_ns", "turn")
+
+    def __init__(
+        self, stage: str, span_name: str, attributes: dict[str, AttributeValue], budget: float | None
+    ) -> None:
+        self.stage = stage
+        self.budget = _budget.registry.resolve(stage, budget)
+        self.turn = current_turn.get()
+        self.done = False
+        self.span = _telemetry.tracer().start_span(span_name, kind=SpanKind.INTERNAL, attributes=attributes)
+        self.started_ns = time.perf_counter_ns()
+
+    def finish(self, error: BaseException | None = None, *, cut: bool = False) -> None:
+        if self.done:
+            return
+        self.done = True
+        elapsed_ns = time.perf_counter_ns() - self.started_ns
+        try:
+            self._write(elapsed_ns, error, cut)
+        finally:
+            self.span.end()
+
+    @guarded("stage.finish", None)
+    def _write(self, elapsed_ns: int, error: BaseException | None, cut: bool) -> None:
+        if error is not None:
+            _record_exception(self.span, error)
+        if cut:
+            self.span.set_attribute(names.BUDGET_CUT, True)
+        instruments = _telemetry.instruments()
+        elapsed = elapsed_ns * _NS
+        _budget.record_on_span(self.span, self.stage, self.budget, elapsed, instruments.budget_exceeded)
+        instruments.stage_duration.record(elapsed, {names.STAGE: self.stage})
+        if self.turn is not None:
+            self.turn.add(self.stage, elapsed_ns)
+
+
+class _StageSpec:
+    """What a decorator was asked for; builds one `_Scope` per call."""
+
+    def __init__(
+        self,
+        stage: str,
+        budget: float | None,
+        on_exceed: _budget.OnExceed,
+        fallback: Any,
+        operation: str | None = None,
+        tool_name: str | None = None,
+        data_source: str | None = None,
+    ) -> None:
+        self.stage = stage
+        self.budget = budget
+        self.on_exceed = on_exceed
+        self.fallback = fallback
+        self.operation = operation
+        self.tool_name = tool_name
+        self.data_source = data_source
+
+    def wrap(self, func: F) -> F:
+        if not callable(func):
+            raise TypeError(f"@{self.stage} decorates a function or method, got {func!r}")
+        qualname = getattr(func, "__qualname__", getattr(func, "__name__", repr(func)))
+        attributes: dict[str, AttributeValue] = {names.STAGE: self.stage, names.CODE_FUNCTION: qualname}
+        if self.operation == names.OPERATION_EXECUTE_TOOL:
+            tool = self.tool_name or getattr(func, "__name__", qualname)
+            span_name = f"{names.OPERATION_EXECUTE_TOOL} {tool}"
+            attributes.update(
+                {
+                    names.GEN_AI_OPERATION_NAME: self.operation,
+                    names.GEN_AI_TOOL_NAME: tool,
+                    names.GEN_AI_TOOL_TYPE: "function",
+                }
+            )
+        else:
+            span_name = f"{self.stage} {qualname}"
+            if self.operation:
+                attributes[names.GEN_AI_OPERATION_NAME] = self.operation
+        if self.data_source:
+            attributes[names.GEN_AI_DATA_SOURCE_ID] = self.data_source
+        if self.on_exceed == "cancel" and not inspect.iscoroutinefunction(func):
+            raise ValueError(
+                f"on_exceed='cancel' needs an async function (work can only be stopped at an await); "
+                f"{qualname} is not one: use on_exceed='record'"
+            )
+        spec = self
+
+        def scope() -> _Scope:
+            return _Scope(spec.stage, span_name, attributes, spec.budget)
+
+        if inspect.isasyncgenfunction(func):
+            return functools.wraps(func)(_async_gen_wrapper(func, scope))  # type: ignore[return-value]
+        if inspect.isgeneratorfunction(func):
+            return functools.wraps(func)(_gen_wrapper(func, scope))  # type: ignore[return-value]
+        if inspect.iscoroutinefunction(func):
+            if self.on_exceed == "cancel":
+                return functools.wraps(func)(_cancelling_wrapper(func, scope, self))  # type: ignore[return-value]
+            return functools.wraps(func)(_async_wrapper(func, scope))  # type: ignore[return-value]
+        return functools.wraps(func)(_sync_wrapper(func, scope))  # type: ignore[return-value]
+
+
+def _sync_wrapper(func: Callable[..., Any], scope: Callable[[], _Scope]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        current = scope()
+        token = otel_context.attach(trace.set_span_in_context(current.span))
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as error:
+            otel_context.detach(token)
+            current.finish(error)
+            raise
+        otel_context.detach(token)
+        current.finish()
+        return result
+
+    return wrapper
+
+
+def _async_wrapper(func: Callable[..., Any], scope: Callable[[], _Scope]) -> Callable[..., Any]:
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        current = scope()
+        token = otel_context.attach(trace.set_span_in_context(current.span))
+        try:
+            result = await func(*args, **kwargs)
+        except BaseException as error:
+            otel_context.detach(token)
+            current.finish(error)
+            raise
+        otel_context.detach(token)
+        current.finish()
+        return result
+
+    return wrapper
+
+
+def _cancelling_wrapper(
+    func: Callable[..., Any], scope: Callable[[], _Scope], spec: _StageSpec
+) -> Callable[..., Any]:
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        current = scope()
+        budget = current.budget
+        token = otel_context.attach(trace.set_span_in_context(current.span))
+        try:
+            task = asyncio.ensure_future(func(*args, **kwargs))
+        finally:
+            otel_context.detach(token)
+        try:
+            if budget is None:
+                result = await task
+            else:
+                done, _ = await asyncio.wait({task}, timeout=budget)
+                if not done:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    elapsed = (time.perf_counter_ns() - current.started_ns) * _NS
+                    if spec.fallback is not _MISSING:
+                        current.finish(cut=True)
+                        return spec.fallback
+                    error = _budget.BudgetExceeded(spec.stage, budget, elapsed)
+                    current.finish(error, cut=True)
+                    raise error
+                result = task.result()
+        except _budget.BudgetExceeded:
+            raise
+        except BaseException as error:
+            if not task.done():  # we were cancelled ourselves: take the work down with us
+                task.cancel()
+            current.finish(error)
+            raise
+        current.finish()
+        return result
+
+    return wrapper
+
+
+def _gen_wrapper(
+    func: Callable[..., Generator[Any, Any, Any]], scope: Callable[[], _Scope]
+) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        current = scope()
+        ctx = trace.set_span_in_context(current.span)
+        inner: Generator[Any, Any, Any] | None = None
+        to_send: Any = None
+        to_throw: BaseException | None = None
+        try:
+            while True:
+                token = otel_context.attach(ctx)
+                try:
+                    if inner is None:
+                        inner = func(*args, **kwargs)
+                    if to_throw is not None:
+                        error, to_throw = to_throw, None
+                        item = inner.throw(error)
+                    else:
+                        item = inner.send(to_send)
+                except StopIteration as stop:
+                    current.finish()
+                    return stop.value
+                except BaseException as error:
+                    current.finish(error)
+                    raise
+                finally:
+                    otel_context.detach(token)
+                try:
+                    to_send = yield item
+                except GeneratorExit:
+                    inner.close()
+                    raise
+                except BaseException as error:
+                    to_throw = error
+        finally:
+            current.finish()  # closed early (break, close(), garbage collection): the span still ends
+
+    return wrapper
+
+
+def _async_gen_wrapper(
+    func: Callable[..., AsyncGenerator[Any, Any]], scope: Callable[[], _Scope]
+) -> Callable[..., Any]:
+    async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        current = scope()
+        ctx = trace.set_span_in_context(current.span)
+        inner: AsyncGenerator[Any, Any] | None = None
+        to_send: Any = None
+        to_throw: BaseException | None = None
+        try:
+            while True:
+                token = otel_context.attach(ctx)
+                try:
+                    if inner is None:
+                        inner = func(*args, **kwargs)
+                    if to_throw is not None:
+                        error, to_throw = to_throw, None
+                        item = await inner.athrow(error)
+                    else:
+                        item = await inner.asend(to_send)
+                except StopAsyncIteration:
+                    current.finish()
+                    return
+                except BaseException as error:
+                    current.finish(error)
+                    raise
+                finally:
+                    otel_context.detach(token)
+                try:
+                    to_send = yield item
+                except GeneratorExit:
+                    await inner.aclose()
+                    raise
+                except BaseException as error:
+                    to_throw = error
+        finally:
+            current.finish()
+
+    return wrapper
+
+
+# --- public decorators ----------------------------------------------------------------------
+
+
+def _check_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(f"{what} needs a stage name, e.g. @llmspans.stage('rerank'); got {name!r}")
+    return name
+
+
+def _spec(stage: str, budget: object, on_exceed: object, fallback: Any, **extra: Any) -> _StageSpec:
+    seconds = None if budget is None else _budget.parse_seconds(budget, what=f"budget for {stage!r}")
+    return _StageSpec(stage, seconds, _budget.check_on_exceed(on_exceed), fallback, **extra)
+
+
+def stage(
+    name: str, *, budget: float | str | None = None, on_exceed: str = "record", fallback: Any = _MISSING
+) -> Callable[[F], F]:
+    """Mark a function as a stage of the app: `@llmspans.stage("rerank", budget=0.1)`."""
+    if callable(name) and not isinstance(name, str):
+        raise TypeError("@llmspans.stage needs a name: write @llmspans.stage('rerank'), not @llmspans.stage")
+    spec = _spec(_check_name(name, "@llmspans.stage"), budget, on_exceed, fallback)
+    return spec.wrap
+
+
+@overload
+def retrieval(func: F, /) -> F: ...
+@overload
+def retrieval(
+    *, budget: float | str | None = None, on_exceed: str = "record", fallback: Any = _MISSING,
+    data_source: str | None = None,
+) -> Callable[[F], F]: ...  # fmt: skip
+def retrieval(
+    func: Any = None, /, *, budget: float | str | None = None, on_exceed: str = "record", fallback: Any = _MISSING,
+    data_source: str | None = None,
+) -> Any:  # fmt: skip
+    """Mark a retrieval step (the GenAI `retrieval` operation); bare or with arguments."""
+    spec = _spec(
+        names.STAGE_RETRIEVAL, budget, on_exceed, fallback, operation=names.OPERATION_RETRIEVAL,
+        data_source=data_source,
+    )  # fmt: skip
+    return spec.wrap(func) if func is not None else spec.wrap
+
+
+@overload
+def tool(func: F, /) -> F: ...
+@overload
+def tool(
+    *, name: str | None = None, budget: float | str | None = None, on_exceed: str = "record",
+    fallback: Any = _MISSING,
+) -> Callable[[F], F]: ...  # fmt: skip
+def tool(
+    func: Any = None, /, *, name: str | None = None, budget: float | str | None = None, on_exceed: str = "record",
+    fallback: Any = _MISSING,
+) -> Any:  # fmt: skip
+    """Mark a tool the model can call (`execute_tool {name}`); bare or with arguments."""
+    if name is not None:
+        _check_name(name, "@llmspans.tool(name=...)")
+    spec = _spec(
+        names.STAGE_TOOL, budget, on_exceed, fallback, operation=names.OPERATION_EXECUTE_TOOL, tool_name=name
+    )
+    return spec.wrap(func) if func is not None else spec.wrap
+
+
+class _TurnEntry:
+    __slots__ = ("budget", "ctx_token", "span", "started_ns", "state_token", "totals", "totals_token")
+
+    def __init__(
+        self,
+        span: Span,
+        budget: float | None,
+        totals: TurnTotals,
+        totals_token: contextvars.Token[TurnTotals | None],
+    ) -> None:
+        self.span = span
+        self.budget = budget
+        self.totals = totals
+        self.totals_token = totals_token
+        self.ctx_token: Any = None
+        self.state_token: Any = None
+        self.started_ns = time.perf_counter_ns()
+
+
+class turn:
+    """The root span of one interaction, as a sync or async context manager or a decorator."""
+
+    def __init__(self, name: str = "turn", *, budget: float | str | None = None) -> None:
+        self.name = _check_name(name, "llmspans.turn()")
+        self.budget = (
+            None if budget is None else _budget.parse_seconds(budget, what=f"budget for turn {name!r}")
+        )
+        # One turn object may be entered by several tasks or threads at once (a shared
+        # decorator, a module-level turn): each entry's state lives in the entering context.
+        self._state: contextvars.ContextVar[_TurnEntry | None] = contextvars.ContextVar("llmspans_turn_entry")
+
+    def _enter(self) -> Span:
+        budget = _budget.registry.resolve(names.STAGE_TURN, self.budget)
+        span = _telemetry.tracer().start_span(
+            f"{names.STAGE_TURN} {self.name}",
+            kind=SpanKind.INTERNAL,
+            attributes={names.STAGE: names.STAGE_TURN},
+        )
+        totals = TurnTotals()
+        entry = _TurnEntry(span, budget, totals, current_turn.set(totals))
+        entry.ctx_token = otel_context.attach(trace.set_span_in_context(span))
+        entry.state_token = self._state.set(entry)
+        return span
+
+    def _exit(self, error: BaseException | None) -> None:
+        entry = self._state.get(None)
+        if entry is None:
+            return
+        self._state.reset(entry.state_token)
+        otel_context.detach(entry.ctx_token)
+        current_turn.reset(entry.totals_token)
+        try:
+            self._write(
+                entry.span, entry.totals, time.perf_counter_ns() - entry.started_ns, entry.budget, error
+            )
+        finally:
+            entry.span.end()
+
+    @guarded("turn.finish", None)
+    def _write(
+        self,
+        span: Span,
+        totals: TurnTotals,
+        elapsed_ns: int,
+        budget: float | None,
+        error: BaseException | None,
+    ) -> None:
+        if error is not None:
+            _record_exception(span, error)
+        stage_totals = dict(totals.totals_ns)
+        span.set_attributes({names.TURN_STAGE_PREFIX + stage: ns * _NS for stage, ns in stage_totals.items()})
+        if stage_totals:
+            span.set_attribute(names.TURN_DOMINANT_STAGE, max(stage_totals, key=stage_totals.__getitem__))
+        instruments = _telemetry.instruments()
+        elapsed = elapsed_ns * _NS
+        _budget.record_on_span(span, names.STAGE_TURN, budget, elapsed, instruments.budget_exceeded)
+        instruments.stage_duration.record(elapsed, {names.STAGE: names.STAGE_TURN})
+
+    def __enter__(self) -> Span:
+        return self._enter()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._exit(exc)
+
+    async def __aenter__(self) -> Span:
+        return self._enter()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._exit(exc)
+
+    def __call__(self, func: F) -> F:
+        if not callable(func):
+            raise TypeError(f"llmspans.turn() decorates a function, got {func!r}")
+        name, budget = self.name, self.budget
+        if inspect.iscoroutinefunction(func):
+
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                async with turn(name, budget=budget):
+                    return await func(*args, **kwargs)
+
+            return functools.wraps(func)(async_wrapper)  # type: ignore[return-value]
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with turn(name, budget=budget):
+                return func(*args, **kwargs)
+
+        return functools.wraps(func)(wrapper)  # type: ignore[return-value]

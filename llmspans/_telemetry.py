@@ -1,0 +1,62 @@
+"""Which tracer and meter llmspans records into.
+
+Normally the global providers: before `configure()` (or without it) the API's proxy
+tracer and meter forward to whatever provider the application installs later, so
+`instrument()` and the decorators work on an existing OpenTelemetry set-up. The testing
+helper swaps in private providers for the length of a `capture()`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry import metrics, trace
+
+from llmspans import _names as names
+from llmspans._metrics import Instruments
+from llmspans._version import __version__
+
+_lock = threading.Lock()
+_override: tuple[trace.Tracer, Instruments] | None = None
+_global: tuple[trace.Tracer, Instruments] | None = None
+
+
+def _global_pair() -> tuple[trace.Tracer, Instruments]:
+    global _global
+    if _global is None:
+        with _lock:
+            if _global is None:
+                _global = (
+                    trace.get_tracer(names.INSTRUMENTATION_NAME, __version__),
+                    Instruments(metrics.get_meter(names.INSTRUMENTATION_NAME, __version__)),
+                )
+    return _global
+
+
+def tracer() -> trace.Tracer:
+    pair = _override or _global or _global_pair()
+    return pair[0]
+
+
+def instruments() -> Instruments:
+    pair = _override or _global or _global_pair()
+    return pair[1]
+
+
+@contextmanager
+def use_providers(
+    tracer_provider: trace.TracerProvider, meter_provider: metrics.MeterProvider
+) -> Iterator[None]:
+    """Record into these providers instead of the global ones inside the block."""
+    global _override
+    previous = _override
+    _override = (
+        tracer_provider.get_tracer(names.INSTRUMENTATION_NAME, __version__),
+        Instruments(meter_provider.get_meter(names.INSTRUMENTATION_NAME, __version__)),
+    )
+    try:
+        yield
+    finally:
+        _override = previous

@@ -1,0 +1,117 @@
+"""Test helpers: capture the spans and metric points llmspans produces.
+
+    from llmspans.testing import capture
+
+    with capture() as captured:
+        answer(question)
+    assert captured.span("turn chat").attributes["llmspans.turn.dominant_stage"] == "llm"
+
+Installed with llmspans, the `llmspans_capture` pytest fixture does the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from llmspans import _telemetry
+
+__all__ = ["Captured", "MetricPoint", "capture", "llmspans_capture"]
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One exported point: a counter's or gauge's value, or a histogram's count, sum and buckets."""
+
+    name: str
+    attributes: Mapping[str, Any]
+    value: float | None = None
+    count: int | None = None
+    sum: float | None = None
+    bucket_counts: Sequence[int] = ()
+    explicit_bounds: Sequence[float] = ()
+
+
+class Captured:
+    """The spans finished and metric points recorded inside a `capture()` block."""
+
+    def __init__(self, exporter: InMemorySpanExporter, reader: InMemoryMetricReader) -> None:
+        self._exporter = exporter
+        self._reader = reader
+
+    @property
+    def spans(self) -> list[ReadableSpan]:
+        """Finished spans, in the order they ended."""
+        return list(self._exporter.get_finished_spans())
+
+    def spans_named(self, name: str) -> list[ReadableSpan]:
+        return [span for span in self.spans if span.name == name]
+
+    def span(self, name: str) -> ReadableSpan:
+        """The one finished span called `name`; an AssertionError says what there was instead."""
+        found = self.spans_named(name)
+        if len(found) != 1:
+            raise AssertionError(
+                f"expected one span named {name!r}, found {len(found)} among {[s.name for s in self.spans]}"
+            )
+        return found[0]
+
+    def metric_points(self, name: str | None = None) -> list[MetricPoint]:
+        """Every point collected now (cumulative since the capture began), optionally of one metric."""
+        points: list[MetricPoint] = []
+        data = self._reader.get_metrics_data()
+        for resource_metrics in data.resource_metrics if data else ():
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    if name is not None and metric.name != name:
+                        continue
+                    for point in metric.data.data_points:
+                        attributes = dict(point.attributes or {})
+                        if isinstance(point, HistogramDataPoint):
+                            points.append(MetricPoint(
+                                metric.name, attributes, count=point.count, sum=point.sum,
+                                bucket_counts=tuple(point.bucket_counts), explicit_bounds=tuple(point.explicit_bounds),
+                            ))  # fmt: skip
+                        else:
+                            points.append(MetricPoint(metric.name, attributes, value=point.value))  # type: ignore[union-attr]
+        return points
+
+    def clear(self) -> None:
+        self._exporter.clear()
+
+
+@contextmanager
+def capture() -> Iterator[Captured]:
+    """Record llmspans' telemetry into private in-memory providers for the length of the block."""
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    try:
+        with _telemetry.use_providers(tracer_provider, meter_provider):
+            yield Captured(exporter, reader)
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - pytest is only needed for the fixture
+    pass
+else:
+
+    @pytest.fixture
+    def llmspans_capture() -> Iterator[Captured]:
+        """Yield a `Captured` holding the spans and metric points of one test."""
+        with capture() as captured:
+            yield captured

@@ -1,0 +1,24 @@
+"""Shared fixtures: every test records into private providers through llmspans' own testing helper."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from llmspans import _budget, _guard
+from llmspans.testing import Captured, capture
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    with capture() as result:
+        yield result
+
+
+@pytest.fixture(autouse=True)
+def _fresh_budgets() -> Iterator[None]:
+    _budget.registry.reset()
+    _guard._reported.clear()
+    yield
+    _budget.registry.reset()

@@ -1,0 +1,36 @@
+"""The public surface: what `llmspans` exports is exactly `__all__`, so it cannot drift silently."""
+
+import llmspans
+import llmspans.testing
+
+
+def test_all_lists_exactly_the_public_names() -> None:
+    # "@py_..." names are pytest's assertion rewriting (llmspans.testing is a pytest plugin).
+    public = {name for name in dir(llmspans) if not name.startswith(("_", "@"))} - {"testing"}
+    assert set(llmspans.__all__) - {"__version__"} == public
+    assert llmspans.__all__ == sorted(llmspans.__all__)
+
+
+def test_importing_llmspans_does_not_import_openai() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, llmspans; print('openai' in sys.modules, 'httpx2' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_testing_module_exports() -> None:
+    assert set(llmspans.testing.__all__) == {"Captured", "MetricPoint", "capture", "llmspans_capture"}
+
+
+def test_capture_fixture_is_registered_as_a_plugin(llmspans_capture: llmspans.testing.Captured) -> None:
+    @llmspans.stage("unit")
+    def unit() -> int:
+        return 1
+
+    unit()
+    assert [span.name for span in llmspans_capture.spans] == [
+        "unit test_capture_fixture_is_registered_as_a_plugin.<locals>.unit"
+    ]
+    assert llmspans_capture.metric_points("llmspans.stage.duration")[0].count == 1

@@ -1,0 +1,249 @@
+"""configure(): the embedded default file, OTLP export, and respect for an existing set-up.
+
+Each scenario runs in a fresh interpreter, because global providers can be set once per process
+and flushing at interpreter exit is part of what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+import llmspans
+from llmspans import _setup
+
+APP = """
+import llmspans, time
+@llmspans.retrieval
+def search():
+    time.sleep(0.01)
+with llmspans.turn("chat", budget=2.5):
+    search()
+"""
+
+
+def run_python(
+    *parts: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    code = "\n".join(textwrap.dedent(part) for part in parts)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLMSPANS_"))}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, **(env or {})}, cwd=cwd,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def read_lines(path: Path) -> tuple[list[ExportTraceServiceRequest], list[ExportMetricsServiceRequest]]:
+    traces, metrics = [], []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if "resourceSpans" in record:
+            traces.append(json_format.Parse(line, ExportTraceServiceRequest()))
+        else:
+            metrics.append(json_format.Parse(line, ExportMetricsServiceRequest()))
+    return traces, metrics
+
+
+def span_names(requests: list[ExportTraceServiceRequest]) -> list[str]:
+    return [
+        span.name for r in requests for rs in r.resource_spans for ss in rs.scope_spans for span in ss.spans
+    ]
+
+
+def test_embedded_default_writes_otlp_json_lines_flushed_at_exit(tmp_path: Path) -> None:
+    run_python("import llmspans; cfg = llmspans.configure(service_name='rag'); print(cfg.mode, cfg.traces_file)", APP,
+               cwd=tmp_path)  # fmt: skip
+    path = tmp_path / "llmspans-traces.jsonl"
+    traces, metrics = read_lines(path)
+    assert sorted(span_names(traces)) == ["retrieval search", "turn chat"]
+    raw = [json.loads(line) for line in path.read_text().splitlines() if "resourceSpans" in line]
+    span = raw[0]["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert len(span["traceId"]) == 32  # OTLP JSON: ids are hex, as Jaeger's /api/v3 returns them
+    int(span["traceId"], 16)
+    resource = {a["key"]: a["value"] for a in raw[0]["resourceSpans"][0]["resource"]["attributes"]}
+    assert resource["service.name"] == {"stringValue": "rag"}
+    metric_names = {
+        m.name for r in metrics for rm in r.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    }
+    assert {"llmspans.stage.duration", "llmspans.stage.budget"} <= metric_names
+
+
+def test_traces_file_from_argument_and_environment(tmp_path: Path) -> None:
+    run_python(f"import llmspans; llmspans.configure(traces_file={str(tmp_path / 'a.jsonl')!r})", APP)
+    assert span_names(read_lines(tmp_path / "a.jsonl")[0])
+    out = run_python("import llmspans; print(llmspans.configure().traces_file)", APP,
+                     env={"LLMSPANS_TRACES_FILE": str(tmp_path / "sub" / "b.jsonl")})  # fmt: skip
+    assert out.stdout.strip() == str(tmp_path / "sub" / "b.jsonl")
+    assert span_names(read_lines(tmp_path / "sub" / "b.jsonl")[0])
+
+
+def test_existing_provider_is_kept_and_configure_says_so(tmp_path: Path) -> None:
+    out = run_python(
+        """
+        import logging
+        logging.basicConfig(level=logging.INFO)
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        mine = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(mine))
+        trace.set_tracer_provider(provider)
+        import llmspans
+        cfg = llmspans.configure()
+        assert trace.get_tracer_provider() is provider
+        again = llmspans.configure()
+        assert again is cfg
+        """,
+        APP,
+        """
+        print(cfg.mode, sorted(s.name for s in mine.get_finished_spans()))
+        """,
+        cwd=tmp_path,
+    )
+    assert out.stdout.strip() == "existing ['retrieval search', 'turn chat']"
+    assert out.stderr.count("left the application's existing TracerProvider") == 1
+    assert (
+        not (tmp_path / "llmspans-traces.jsonl").exists()
+        or "resourceSpans" not in (tmp_path / "llmspans-traces.jsonl").read_text()
+    )
+
+
+def test_explicit_file_is_added_to_an_existing_sdk_provider(tmp_path: Path) -> None:
+    target = tmp_path / "added.jsonl"
+    run_python(
+        f"""
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        trace.set_tracer_provider(TracerProvider())
+        import llmspans
+        assert "added" in llmspans.configure(traces_file={str(target)!r}).notes[0]
+        """,
+        APP,
+    )
+    assert sorted(span_names(read_lines(target)[0])) == ["retrieval search", "turn chat"]
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list[tuple[str, bytes]]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self.server.received.append((self.path, body, dict(self.headers)))  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def otlp_http_receiver() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    server.received = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_otlp_http_endpoint_argument_exports_spans_and_metrics(
+    otlp_http_receiver: ThreadingHTTPServer,
+) -> None:
+    port = otlp_http_receiver.server_address[1]
+    run_python(f"import llmspans; llmspans.configure(endpoint='http://127.0.0.1:{port}', headers={{'x-team': 'a'}})",
+               APP)  # fmt: skip
+    received = otlp_http_receiver.received  # type: ignore[attr-defined]
+    traces = [
+        ExportTraceServiceRequest.FromString(body) for path, body, _ in received if path == "/v1/traces"
+    ]
+    assert sorted(span_names(traces)) == ["retrieval search", "turn chat"]
+    assert any(path == "/v1/metrics" for path, _, _ in received)
+    assert all(headers.get("x-team") == "a" for _, _, headers in received)
+
+
+def test_otlp_environment_variables_are_respected(
+    otlp_http_receiver: ThreadingHTTPServer, tmp_path: Path
+) -> None:
+    port = otlp_http_receiver.server_address[1]
+    out = run_python(
+        "import llmspans; cfg = llmspans.configure(); print(cfg.mode, cfg.protocol, cfg.service_name)", APP,
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_SERVICE_NAME": "from-env",
+             "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20t"},
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert out.stdout.split()[:3] == ["otlp", "http/protobuf", "from-env"]
+    traces = [
+        ExportTraceServiceRequest.FromString(b)
+        for p, b, _ in otlp_http_receiver.received
+        if p == "/v1/traces"
+    ]  # type: ignore[attr-defined]
+    service = {a.key: a.value.string_value for a in traces[0].resource_spans[0].resource.attributes}[
+        "service.name"
+    ]
+    assert service == "from-env"
+    assert not (tmp_path / "llmspans-traces.jsonl").exists()
+
+
+def test_otlp_grpc_protocol(tmp_path: Path) -> None:
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received: list[ExportTraceServiceRequest] = []
+
+    class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: ExportTraceServiceRequest, context: object) -> object:
+            received.append(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        run_python(
+            f"import llmspans; llmspans.configure(endpoint='http://127.0.0.1:{port}', protocol='grpc')", APP
+        )
+    finally:
+        server.stop(0)
+    assert sorted(span_names(received)) == ["retrieval search", "turn chat"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragment"),
+    [
+        ({"protocol": "udp"}, ValueError, "protocol must be one of"),
+        ({"endpoint": "localhost"}, ValueError, "endpoint must be a URL"),
+        ({"service_name": ""}, TypeError, "service_name"),
+        ({"traces_file": 3}, TypeError, "traces_file must be a path"),
+        ({"budgets": "retrieval=never"}, ValueError, "'retrieval'"),
+        ({"budgets": 5}, TypeError, "mapping"),
+        ({"capture_content": "yes"}, TypeError, "capture_content"),
+        ({"headers": {"a": 1}}, TypeError, "headers"),
+        ({"metric_interval": 0}, ValueError, "metric_interval"),
+    ],
+)
+def test_bad_configure_arguments(kwargs: dict[str, object], error: type[Exception], fragment: str) -> None:
+    before = _setup.current()
+    with pytest.raises(error, match=fragment):
+        llmspans.configure(**kwargs)  # type: ignore[arg-type]
+    assert _setup.current() is before
