@@ -4,6 +4,7 @@ The whole public API is here; everything else in the package is private.
 """
 
 from llmspans._budget import BudgetExceeded
+from llmspans._instrument import instrument, uninstrument
 from llmspans._setup import Configuration, configure
 from llmspans._stages import retrieval, stage, tool, turn
 from llmspans._version import __version__
@@ -13,8 +14,10 @@ __all__ = [
     "Configuration",
     "__version__",
     "configure",
+    "instrument",
     "retrieval",
     "stage",
     "tool",
     "turn",
+    "uninstrument",
 ]

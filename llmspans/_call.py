@@ -47,8 +47,8 @@ class CallRecord:
     """Owns one logical LLM call: its span, its instants and its stream statistics."""
 
     __slots__ = (
-        "_finish_lock", "admitted_ns", "attempts", "budget", "cache_read_tokens", "chunks", "error_type",
-        "finish_reasons", "finished", "first_chunk_ns", "gaps", "input_tokens", "last_chunk_ns",
+        "_finish_lock", "admitted_ns", "attempts", "budget", "bytes_at_ns", "cache_read_tokens", "chunks", "error_type",
+        "finish_on_close", "finish_reasons", "finished", "first_chunk_ns", "gaps", "input_tokens", "last_chunk_ns",
         "metric_attributes", "output_tokens", "queued_ns", "released_ns", "response_id", "response_model",
         "span", "stream", "turn", "wall_anchor_ns", "wasted_output_tokens",
     )  # fmt: skip
@@ -84,6 +84,13 @@ class CallRecord:
         self.finish_reasons: tuple[str, ...] = ()
         self.error_type: str | None = None
         self.finished = False
+        # Set when nothing but the close of the response body will tell that the call is over
+        # (a raw streaming response the caller reads by hand).
+        self.finish_on_close = False
+        # When the latest bytes of the response body arrived (stamped by the transport as it
+        # reads them). An SDK parses a network read into items before handing them over, so
+        # an item's true arrival is the read that completed it, not the moment we see it.
+        self.bytes_at_ns = 0
         self._finish_lock = threading.Lock()
         self.budget = _budget.registry.resolve(names.STAGE_LLM, budget)
         self.turn = current_turn.get()
@@ -174,14 +181,21 @@ class CallRecord:
     # --- finish -----------------------------------------------------------------------------
 
     def buckets_ns(self, released_ns: int) -> dict[str, int]:
-        """The six buckets in nanoseconds; they add up to `released_ns - queued_ns` exactly."""
+        """The six buckets in nanoseconds; they add up to `released_ns - queued_ns` exactly.
+
+        The client's own time between admission and the first attempt (building the
+        request) is not a retry: it counts in `first_token`, with the rest of the wait
+        for the answer, so `retry` is exactly failed attempts plus back-off and `connect`
+        is exactly zero on a reused connection.
+        """
         queued = self.queued_ns
         admitted = self.admitted_ns if self.admitted_ns is not None else queued
         if self.attempts:
             final = self.attempts[-1]
+            first_start = self.attempts[0].started_ns
             final_start, connected, body_done = final.started_ns, final.connected_ns, final.body_done_ns
         else:
-            final_start = connected = admitted
+            first_start = final_start = connected = admitted
             body_done = None
         if self.stream:
             first = self.first_chunk_ns or released_ns
@@ -189,9 +203,17 @@ class CallRecord:
         else:
             first = last = body_done if body_done is not None else released_ns
         points = [queued]
-        for instant in (admitted, final_start, connected, first, last, released_ns):
+        for instant in (admitted, first_start, final_start, connected, first, last, released_ns):
             points.append(min(released_ns, max(points[-1], instant)))
-        return {bucket: points[i + 1] - points[i] for i, bucket in enumerate(names.BUCKETS)}
+        before_first_attempt = points[2] - points[1]
+        return {
+            "queue": points[1] - points[0],
+            "retry": points[3] - points[2],
+            "connect": points[4] - points[3],
+            "first_token": points[5] - points[4] + before_first_attempt,
+            "stream": points[6] - points[5],
+            "post": points[7] - points[6],
+        }
 
     def finish(self, outcome: str, error: BaseException | None = None, now_ns: int | None = None) -> None:
         """End the call exactly once, on whichever path gets here first."""
@@ -256,8 +278,13 @@ class CallRecord:
         if self.cache_read_tokens is not None:
             attributes[names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = self.cache_read_tokens
 
-        if error is not None or outcome == names.OUTCOME_ERROR:
-            self.error_type = self.error_type or (type(error).__qualname__ if error is not None else "error")
+        final_status = self.attempts[-1].status if self.attempts else None
+        if error is not None:
+            self.error_type = type(error).__qualname__
+        elif final_status is not None and final_status >= 400:
+            self.error_type = str(final_status)  # the last attempt failed, so did the call
+        elif outcome == names.OUTCOME_ERROR:
+            self.error_type = "error"
         if self.error_type:
             attributes[names.ERROR_TYPE] = self.error_type
             span.set_status(Status(StatusCode.ERROR, self.error_type))

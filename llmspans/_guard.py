@@ -19,6 +19,7 @@ logger = logging.getLogger("llmspans")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+D = TypeVar("D")
 
 _reported: set[str] = set()
 _reported_lock = threading.Lock()
@@ -47,12 +48,12 @@ def check_fault(site: str) -> None:
         raise InjectedFault(site)
 
 
-def guarded(site: str, default: R) -> Callable[[Callable[P, R]], Callable[P, R]]:
+def guarded(site: str, default: D) -> Callable[[Callable[P, R]], Callable[P, R | D]]:
     """Decorate an internal hook so that any exception is reported and `default` returned."""
 
-    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+    def decorate(func: Callable[P, R]) -> Callable[P, R | D]:
         @functools.wraps(func)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | D:
             try:
                 check_fault(site)
                 return func(*args, **kwargs)

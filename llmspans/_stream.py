@@ -1,0 +1,158 @@
+"""The stream interceptor: proxies that stamp chunks and end the call exactly once.
+
+The proxy is the object the caller gets back, so it must behave exactly like the SDK's
+stream: iteration, `async for`, context managers, `close()`, `.response`, `isinstance`
+and the SDK's helpers (wrapt's ObjectProxy passes everything else through). Each path
+that ends a stream ends the call: exhaustion (`completed`), an exception (`error`), task
+cancellation (`cancelled`), and `close()`, context exit or garbage collection before the
+end (`abandoned`). No OpenTelemetry context stays attached while the caller holds the
+stream, so a stream finished in another task or thread cannot trip "Failed to detach
+context".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import wrapt
+
+from llmspans import _names as names
+from llmspans._call import CallRecord
+from llmspans._guard import report
+
+# Inspects one item at the instant it arrived; True hides it from the caller (the usage
+# chunk llmspans asked for on the caller's behalf).
+OnItem = Callable[[CallRecord, Any, int], bool]
+# Ends the call with an outcome; runs once whichever path gets there first.
+OnEnd = Callable[[str, "BaseException | None"], None]
+
+
+def _abandon(on_end: OnEnd) -> None:
+    try:
+        on_end(names.OUTCOME_ABANDONED, None)
+    except Exception as error:  # the last net: a finaliser must never raise
+        report("stream.gc", error)
+
+
+class SyncStreamProxy(wrapt.ObjectProxy[Any]):
+    """Wraps an SDK stream (openai `Stream`) for a synchronous caller."""
+
+    def __init__(self, wrapped: Any, record: CallRecord, on_item: OnItem, on_end: OnEnd) -> None:
+        super().__init__(wrapped)
+        self._self_record = record
+        self._self_on_item = on_item
+        self._self_on_end = on_end
+        self._self_finalizer = weakref.finalize(self, _abandon, on_end)
+
+    def __iter__(self) -> SyncStreamProxy:
+        return self
+
+    def __next__(self) -> Any:
+        record = self._self_record
+        while True:
+            try:
+                item = self.__wrapped__.__next__()
+            except StopIteration:
+                self._self_end(names.OUTCOME_COMPLETED, None)
+                raise
+            except BaseException as error:
+                self._self_end(names.OUTCOME_ERROR, error)
+                raise
+            # The read that completed this item, when the transport saw it; else now.
+            now = record.bytes_at_ns or time.perf_counter_ns()
+            try:
+                if not self._self_on_item(record, item, now):
+                    return item
+            except Exception as error:
+                report("stream.chunk", error)
+                return item
+
+    def _self_end(self, outcome: str, error: BaseException | None) -> None:
+        self._self_finalizer.detach()
+        try:
+            self._self_on_end(outcome, error)
+        except Exception as failure:
+            report("stream.end", failure)
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_end(names.OUTCOME_ABANDONED, None)
+
+    def __enter__(self) -> SyncStreamProxy:
+        self.__wrapped__.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        try:
+            return self.__wrapped__.__exit__(*exc_info)
+        finally:
+            self._self_end(names.OUTCOME_ABANDONED, None)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # pragma: no cover - streams are not picklable anyway
+        return self.__wrapped__.__reduce_ex__(protocol)
+
+
+class AsyncStreamProxy(wrapt.ObjectProxy[Any]):
+    """Wraps an SDK stream (openai `AsyncStream`) for an asyncio caller."""
+
+    def __init__(self, wrapped: Any, record: CallRecord, on_item: OnItem, on_end: OnEnd) -> None:
+        super().__init__(wrapped)
+        self._self_record = record
+        self._self_on_item = on_item
+        self._self_on_end = on_end
+        self._self_finalizer = weakref.finalize(self, _abandon, on_end)
+
+    def __aiter__(self) -> AsyncStreamProxy:
+        return self
+
+    async def __anext__(self) -> Any:
+        record = self._self_record
+        while True:
+            try:
+                item = await self.__wrapped__.__anext__()
+            except StopAsyncIteration:
+                self._self_end(names.OUTCOME_COMPLETED, None)
+                raise
+            except asyncio.CancelledError as error:
+                self._self_end(names.OUTCOME_CANCELLED, error)
+                raise
+            except BaseException as error:
+                self._self_end(names.OUTCOME_ERROR, error)
+                raise
+            # The read that completed this item, when the transport saw it; else now.
+            now = record.bytes_at_ns or time.perf_counter_ns()
+            try:
+                if not self._self_on_item(record, item, now):
+                    return item
+            except Exception as error:
+                report("stream.chunk", error)
+                return item
+
+    def _self_end(self, outcome: str, error: BaseException | None) -> None:
+        self._self_finalizer.detach()
+        try:
+            self._self_on_end(outcome, error)
+        except Exception as failure:
+            report("stream.end", failure)
+
+    async def close(self) -> None:
+        try:
+            await self.__wrapped__.close()
+        finally:
+            self._self_end(names.OUTCOME_ABANDONED, None)
+
+    async def __aenter__(self) -> AsyncStreamProxy:
+        await self.__wrapped__.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        try:
+            return await self.__wrapped__.__aexit__(*exc_info)
+        finally:
+            self._self_end(names.OUTCOME_ABANDONED, None)

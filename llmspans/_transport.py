@@ -1,0 +1,409 @@
+"""The transport layer: one attempt span per HTTP attempt, connections timed, context injected.
+
+A wrapper around an httpx or httpx2 client's transport sees every physical attempt the
+client makes (the openai SDK's retry loop calls `send()` once per attempt). For each
+attempt inside an LLM call it starts a CLIENT span under the call span, times connection
+set-up from httpcore's `trace` request extension (no `connect_tcp` event means a pooled
+connection was reused), injects W3C `traceparent`/`tracestate`, and watches the response
+body so the attempt span ends when the body is closed and a non-streamed call knows when
+its body was read.
+
+Which call an attempt belongs to comes from `active_call`, set by the client adapter
+around the SDK's request; a plain httpx client has no adapter, so `PlainCalls` opens a
+call per request to an OpenAI-compatible path.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Protocol
+
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from llmspans import _names as names
+from llmspans import _telemetry
+from llmspans._call import Attempt, CallRecord
+from llmspans._guard import guarded, swallow
+
+active_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("llmspans_call", default=None)
+
+_SECRET_QUERY_KEYS = frozenset(
+    {
+        "api-key", "api_key", "apikey", "key", "token", "access_token", "auth", "authorization", "sig",
+        "signature", "code", "password", "secret", "client_secret", "x-amz-signature", "x-amz-credential",
+        "x-amz-security-token", "x-goog-signature",
+    }
+)  # fmt: skip
+_RETRY_HEADER = "x-stainless-retry-count"
+
+
+class BodyObserver(Protocol):
+    """What a plain-client call watches in the response body (the SSE parser, for one)."""
+
+    def feed(self, chunk: bytes, now_ns: int) -> None: ...
+    def finish(self, now_ns: int, error: BaseException | None) -> None: ...
+
+
+class PlainCalls(Protocol):
+    """Opens call records for a plain httpx client; None for requests that are not LLM calls."""
+
+    def begin(self, request: Any) -> tuple[CallRecord, BodyObserver | None] | None: ...
+
+
+def safe_url(url: Any) -> str:
+    """The URL without credentials and with secret-looking query values redacted."""
+    text = str(url.copy_with(username=None, password=None)) if (url.username or url.password) else str(url)
+    if not url.query:
+        return text
+    params = url.params
+    if not any(key.lower() in _SECRET_QUERY_KEYS for key in params):
+        return text
+    redacted = [
+        (key, "REDACTED" if key.lower() in _SECRET_QUERY_KEYS else value)
+        for key, value in params.multi_items()
+    ]
+    return str(url.copy_with(username=None, password=None, params=redacted))
+
+
+def cause_of(error: BaseException) -> str:
+    """A short, stable retry cause for an exception raised by an attempt."""
+    kind = type(error).__name__
+    if "Timeout" in kind:
+        return "timeout"
+    if "Connect" in kind:
+        return "connect_error"
+    if kind in ("ReadError", "RemoteProtocolError", "WriteError", "CloseError", "ProtocolError"):
+        return "connection_error"
+    return kind
+
+
+class _AttemptScope:
+    """One attempt: its span, its record on the call, and the close of its response body."""
+
+    __slots__ = ("attempt", "closed", "connect_started_ns", "observer", "owns_call", "record", "span")
+
+    def __init__(
+        self, record: CallRecord, request: Any, owns_call: bool, observer: BodyObserver | None
+    ) -> None:
+        now = time.perf_counter_ns()
+        self.record = record
+        self.owns_call = owns_call
+        self.observer = observer
+        self.closed = False
+        self.connect_started_ns = 0
+        self.attempt: Attempt = record.attempt(now)
+        url = request.url
+        attributes: dict[str, Any] = {
+            names.HTTP_REQUEST_METHOD: request.method,
+            names.URL_FULL: safe_url(url),
+            names.SERVER_ADDRESS: url.host,
+        }
+        if url.port:
+            attributes[names.SERVER_PORT] = url.port
+        resends = len(record.attempts) - 1
+        header = request.headers.get(_RETRY_HEADER)
+        if header and header.isdigit():
+            resends = int(header)
+        if resends:
+            attributes[names.HTTP_REQUEST_RESEND_COUNT] = resends
+        parent = trace.set_span_in_context(record.span)
+        self.span: Span = _telemetry.tracer().start_span(
+            request.method, context=parent, kind=SpanKind.CLIENT, attributes=attributes,
+            start_time=record.wall_ns(now),
+        )  # fmt: skip
+        propagate.inject(request.headers, context=trace.set_span_in_context(self.span, parent))
+
+    def on_trace_event(self, event: str) -> None:
+        if event == "connection.connect_tcp.started":
+            self.connect_started_ns = time.perf_counter_ns()
+            self.attempt.new_connection = True
+        elif event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            now = time.perf_counter_ns()
+            self.attempt.connected_ns = now
+            self.attempt.connect_ns = now - (self.connect_started_ns or self.attempt.started_ns)
+
+    @guarded("transport.response", None)
+    def responded(self, status: int) -> None:
+        self.attempt.status = status
+        self.span.set_attribute(names.HTTP_RESPONSE_STATUS_CODE, status)
+        if status >= 400:
+            self.attempt.cause = f"http_{status}"
+            self.span.set_attribute(names.ERROR_TYPE, str(status))
+            self.span.set_status(Status(StatusCode.ERROR))
+
+    def failed(self, error: BaseException) -> None:
+        with swallow("transport.failed"):
+            cause = cause_of(error)
+            self.attempt.cause = cause
+            self.span.set_attribute(names.ERROR_TYPE, type(error).__qualname__)
+            self.span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+        self.close(error)
+
+    def body_done(self, now_ns: int) -> None:
+        if self.attempt.body_done_ns is None:
+            self.attempt.body_done_ns = now_ns
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End the attempt (and, for a plain client, its call); runs once."""
+        if self.closed:
+            return
+        self.closed = True
+        now = time.perf_counter_ns()
+        self.attempt.ended_ns = now
+        with swallow("transport.close"):
+            self._write_connection()
+        self.span.end(end_time=self.record.wall_ns(now))
+        if self.owns_call:
+            if self.observer is not None:
+                with swallow("transport.observer"):
+                    self.observer.finish(now, error)
+            outcome = names.OUTCOME_ERROR if error is not None else names.OUTCOME_COMPLETED
+            self.record.finish(outcome, error=error, now_ns=now)
+        elif (
+            self.record.finish_on_close and self.record.attempts and self.record.attempts[-1] is self.attempt
+        ):
+            self.record.finish(names.OUTCOME_COMPLETED, error=error, now_ns=now)
+
+    def _write_connection(self) -> None:
+        attempt = self.attempt
+        self.span.set_attributes(
+            {
+                names.CONNECT_REUSED: not attempt.new_connection,
+                names.CONNECT_DURATION: attempt.connect_ns * 1e-9,
+            }
+        )
+
+
+def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
+    previous = request.extensions.get("trace")
+    if is_async:
+
+        async def atrace(event: str, info: dict[str, Any]) -> None:
+            scope.on_trace_event(event)
+            if previous is not None:
+                await previous(event, info)
+
+        request.extensions["trace"] = atrace
+    else:
+
+        def strace(event: str, info: dict[str, Any]) -> None:
+            scope.on_trace_event(event)
+            if previous is not None:
+                previous(event, info)
+
+        request.extensions["trace"] = strace
+
+
+@guarded("transport.begin", None)
+def _begin(request: Any, plain: PlainCalls | None, is_async: bool) -> _AttemptScope | None:
+    record = active_call.get()
+    observer: BodyObserver | None = None
+    owns = False
+    if record is None:
+        if plain is None:
+            return None
+        opened = plain.begin(request)
+        if opened is None:
+            return None
+        record, observer = opened
+        owns = True
+    elif record.finished:
+        return None
+    scope = _AttemptScope(record, request, owns, observer)
+    _chain_trace(request, scope, is_async)
+    return scope
+
+
+def _end_on_collect(scope: _AttemptScope) -> None:
+    """Garbage collection of an unclosed body still ends the attempt (and a plain call)."""
+    with swallow("transport.gc"):
+        scope.close()
+
+
+class _Library:
+    """The wrapper classes for one HTTP library (httpx or httpx2), which must subclass its bases."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.sync_transport = type("LLMSpansTransport", (_SyncTransport, module.BaseTransport), {})
+        self.async_transport = type(
+            "LLMSpansAsyncTransport", (_AsyncTransport, module.AsyncBaseTransport), {}
+        )
+        self.sync_body = type("LLMSpansBody", (_SyncBody, module.SyncByteStream), {})
+        self.async_body = type("LLMSpansAsyncBody", (_AsyncBody, module.AsyncByteStream), {})
+
+
+_libraries: dict[str, _Library] = {}
+
+
+def library_of(client: Any) -> _Library:
+    """httpx or httpx2, whichever the client (or the SDK class it derives from) belongs to."""
+    roots = [cls.__module__.split(".")[0] for cls in type(client).__mro__]
+    name = next((root for root in roots if root in ("httpx", "httpx2")), None)
+    if name is None:
+        raise TypeError(f"{type(client).__qualname__} is neither an httpx nor an httpx2 client")
+    if name not in _libraries:
+        _libraries[name] = _Library(importlib.import_module(name))
+    return _libraries[name]
+
+
+class _SyncBody:
+    def __init__(self, inner: Any, scope: _AttemptScope) -> None:
+        self._inner = inner
+        self._scope = scope
+        self._finalizer = weakref.finalize(self, _end_on_collect, scope)
+
+    def __iter__(self) -> Iterator[bytes]:
+        scope = self._scope
+        record = scope.record
+        observer = scope.observer
+        try:
+            for chunk in self._inner:
+                record.bytes_at_ns = now = time.perf_counter_ns()
+                if observer is not None:
+                    _observe(observer, chunk, now)
+                yield chunk
+        except BaseException as error:
+            scope.close(error)
+            raise
+        scope.body_done(time.perf_counter_ns())
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            self._finalizer.detach()
+            self._scope.close()
+
+
+class _AsyncBody:
+    def __init__(self, inner: Any, scope: _AttemptScope) -> None:
+        self._inner = inner
+        self._scope = scope
+        self._finalizer = weakref.finalize(self, _end_on_collect, scope)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        scope = self._scope
+        record = scope.record
+        observer = scope.observer
+        try:
+            async for chunk in self._inner:
+                record.bytes_at_ns = now = time.perf_counter_ns()
+                if observer is not None:
+                    _observe(observer, chunk, now)
+                yield chunk
+        except BaseException as error:
+            scope.close(error)
+            raise
+        scope.body_done(time.perf_counter_ns())
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            self._finalizer.detach()
+            self._scope.close()
+
+
+def _observe(observer: BodyObserver, chunk: bytes, now_ns: int) -> None:
+    with swallow("transport.observe"):
+        observer.feed(chunk, now_ns)
+
+
+class _SyncTransport:
+    def __init__(self, inner: Any, library: _Library, plain: PlainCalls | None) -> None:
+        self.inner = inner
+        self._library = library
+        self._plain = plain
+
+    def handle_request(self, request: Any) -> Any:
+        scope = _begin(request, self._plain, False)
+        if scope is None:
+            return self.inner.handle_request(request)
+        try:
+            response = self.inner.handle_request(request)
+        except BaseException as error:
+            scope.failed(error)
+            raise
+        scope.responded(response.status_code)
+        with swallow("transport.wrap_body"):
+            response.stream = self._library.sync_body(response.stream, scope)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self) -> Any:
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        self.inner.__exit__(*args)
+
+
+class _AsyncTransport:
+    def __init__(self, inner: Any, library: _Library, plain: PlainCalls | None) -> None:
+        self.inner = inner
+        self._library = library
+        self._plain = plain
+
+    async def handle_async_request(self, request: Any) -> Any:
+        scope = _begin(request, self._plain, True)
+        if scope is None:
+            return await self.inner.handle_async_request(request)
+        try:
+            response = await self.inner.handle_async_request(request)
+        except BaseException as error:
+            scope.failed(error)
+            raise
+        scope.responded(response.status_code)
+        with swallow("transport.wrap_body"):
+            response.stream = self._library.async_body(response.stream, scope)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> Any:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *args: Any) -> None:
+        await self.inner.__aexit__(*args)
+
+
+def install(http_client: Any, plain: PlainCalls | None = None) -> bool:
+    """Wrap the client's transport (and mounted ones); False when it was already wrapped."""
+    if isinstance(http_client._transport, (_SyncTransport, _AsyncTransport)):
+        return False
+    library = library_of(http_client)
+    is_async = hasattr(http_client._transport, "handle_async_request")
+    wrap: Callable[[Any], Any] = (
+        (lambda inner: library.async_transport(inner, library, plain))
+        if is_async
+        else (lambda inner: library.sync_transport(inner, library, plain))
+    )
+    http_client._transport = wrap(http_client._transport)
+    mounts = getattr(http_client, "_mounts", None)
+    if mounts:
+        for pattern, transport in list(mounts.items()):
+            if transport is not None and not isinstance(transport, (_SyncTransport, _AsyncTransport)):
+                mounts[pattern] = wrap(transport)
+    return True
+
+
+def remove(http_client: Any) -> None:
+    """Put the client's original transports back."""
+    transport = http_client._transport
+    if isinstance(transport, (_SyncTransport, _AsyncTransport)):
+        http_client._transport = transport.inner
+    mounts = getattr(http_client, "_mounts", None)
+    if mounts:
+        for pattern, mounted in list(mounts.items()):
+            if isinstance(mounted, (_SyncTransport, _AsyncTransport)):
+                mounts[pattern] = mounted.inner
