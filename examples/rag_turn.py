@@ -1,14 +1,21 @@
-"""A small RAG turn with stages and budgets, exported by the embedded default.
+"""A small RAG turn with stages, budgets and a streamed LLM call, on the embedded default.
 
-Run it, then look at the trace file it names: one `turn chat` span with the stages under it.
+The LLM is llmspans' built-in *simulated* OpenAI-compatible server on 127.0.0.1 (about
+80 ms to the first token, 20 ms between tokens), reached through a plain httpx client
+wrapped in one line. Run it, then look at the trace file it names: one `turn chat` span
+per question, with the stages and the `chat sim-llm` call (and its six buckets) under it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
+import httpx
+
 import llmspans
+from llmspans._simulator import Behavior, SimulatedServer
 
 
 @llmspans.retrieval(budget="120ms")
@@ -34,19 +41,40 @@ async def weather(city: str) -> str:
     return f"sunny in {city}"
 
 
-async def answer(question: str) -> str:
+async def generate(client: httpx.AsyncClient, prompt: str) -> str:
+    body = {"model": "sim-llm", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+    text = []
+    async with client.stream("POST", "/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    text.append(choice["delta"].get("content") or "")
+    return "".join(text)
+
+
+async def answer(client: httpx.AsyncClient, question: str) -> str:
     async with llmspans.turn("chat", budget="500ms"):
         passages = await search(question)
         prompt = build_prompt(question, passages)
         if not await check(prompt):
             return "I can't help with that."
-        return await weather("Paris")
+        reply = await generate(client, prompt)
+        return f"{reply} ({await weather('Paris')})"
+
+
+async def run() -> None:
+    simulated = Behavior(first_chunk_delay=0.08, chunk_gap=0.02, chunks=8, usage="finish")
+    with SimulatedServer(simulated) as llm:
+        print(f"simulated LLM server (not a real model) at {llm.base_url}")
+        async with httpx.AsyncClient(base_url=llm.base_url) as client:
+            llmspans.instrument(client)  # the one line
+            for question in ("what is a span?", "why is it slow?", "where is my time?"):
+                print(question, "->", await answer(client, question))
 
 
 def main() -> None:
     config = llmspans.configure(service_name="rag-example")
-    for question in ("what is a span?", "why is it slow?", "where is my time?"):
-        print(question, "->", asyncio.run(answer(question)))
+    asyncio.run(run())
     print(f"traces written to {config.traces_file} ({config.mode})")
 
 

@@ -184,7 +184,8 @@ def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
     if is_async:
 
         async def atrace(event: str, info: dict[str, Any]) -> None:
-            scope.on_trace_event(event)
+            with swallow("transport.trace"):
+                scope.on_trace_event(event)
             if previous is not None:
                 await previous(event, info)
 
@@ -192,7 +193,8 @@ def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
     else:
 
         def strace(event: str, info: dict[str, Any]) -> None:
-            scope.on_trace_event(event)
+            with swallow("transport.trace"):
+                scope.on_trace_event(event)
             if previous is not None:
                 previous(event, info)
 
