@@ -101,9 +101,8 @@ def test_a_malformed_chunk_is_passed_through(captured: Captured, monkeypatch: py
     with SimulatedServer(Behavior(chunks=3)) as server:
         client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="k"))
         assert len(chunks_of(client)) == 5  # role chunk, three tokens, finish chunk
-    assert [s for s in captured.spans if s.name == "chat m"][0].attributes[
-        names.STREAM_OUTCOME
-    ] == "completed"
+    (call,) = [s for s in captured.spans if s.name == "chat m"]
+    assert call.attributes[names.STREAM_OUTCOME] == "completed"
 
 
 def test_a_broken_exporter_never_reaches_the_app(server: SimulatedServer) -> None:
