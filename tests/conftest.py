@@ -22,3 +22,7 @@ def _fresh_budgets() -> Iterator[None]:
     _guard._reported.clear()
     yield
     _budget.registry.reset()
+
+
+# Session fixtures that start the real servers (Arize Phoenix, transformers serve) on demand.
+from tests.support.realservers import phoenix, transformers_serve  # noqa: E402, F401

@@ -1,0 +1,150 @@
+"""End to end against real servers: a real inference server and a real OTLP backend.
+
+`transformers serve` runs a tiny random Llama made locally (no downloads): the openai SDK
+streams from it through llmspans, and the call span must describe what the server really
+sent (role chunk first, one token per chunk, usage in the finish chunk, no `[DONE]`).
+Arize Phoenix receives llmspans' export over OTLP/HTTP and OTLP/gRPC from a separate
+process configured with `llmspans.configure(endpoint=...)`, and the spans are read back
+through its REST API. Skipped locally without LLMSPANS_REAL_SERVERS_DIR; failed in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from typing import Any
+
+import openai
+import pytest
+
+import llmspans
+from llmspans import _names as names
+from llmspans.testing import Captured
+from tests.support.realservers import PhoenixServer, TransformersServer
+
+MAX_TOKENS = 8
+
+
+def llm_span(captured: Captured) -> Any:
+    (span,) = [s for s in captured.spans if (s.attributes or {}).get(names.STAGE) == "llm"]
+    return span
+
+
+def check_real_stream(span: Any, server: TransformersServer) -> None:
+    attrs = span.attributes
+    assert span.name == f"chat {server.model}"
+    assert attrs[names.STREAM_OUTCOME] == "completed"
+    assert attrs[names.STREAM_CHUNKS] == MAX_TOKENS  # the role-only and finish chunks are not tokens
+    assert attrs[names.GEN_AI_USAGE_OUTPUT_TOKENS] == MAX_TOKENS  # read from the finish chunk
+    assert attrs[names.GEN_AI_USAGE_INPUT_TOKENS] > 0
+    assert list(attrs[names.GEN_AI_RESPONSE_FINISH_REASONS]) == ["length"]
+    assert attrs[names.GEN_AI_RESPONSE_MODEL].startswith(server.model)
+    # A real CPU model: tens of ms to the first token, a few ms per token; nothing negative or absurd.
+    assert 0 < attrs[names.BUCKET_PREFIX + "first_token"] < 2.0
+    assert 0 < attrs[names.BUCKET_PREFIX + "stream"] < 2.0
+    assert 0 < attrs[names.ITL_P50] <= attrs[names.ITL_MAX] < 1.0
+    assert attrs[names.OUTPUT_TOKENS_PER_SECOND] > 0
+    total = sum(attrs[a] for a in names.BUCKET_ATTRIBUTES)
+    assert total == pytest.approx((span.end_time - span.start_time) * 1e-9, abs=2e-6)
+
+
+def test_openai_sdk_streams_from_transformers_serve(
+    transformers_serve: TransformersServer, captured: Captured
+) -> None:
+    client = llmspans.instrument(
+        openai.OpenAI(base_url=transformers_serve.base_url, api_key="x", max_retries=0)
+    )
+    stream = client.chat.completions.create(
+        model=transformers_serve.model, messages=[{"role": "user", "content": "Say hello"}], stream=True,
+        max_tokens=MAX_TOKENS, temperature=0,
+    )  # fmt: skip
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    check_real_stream(llm_span(captured), transformers_serve)
+    (attempt,) = [s for s in captured.spans if s.name == "POST"]
+    assert attempt.attributes[names.HTTP_RESPONSE_STATUS_CODE] == 200
+    assert attempt.parent.span_id == llm_span(captured).context.span_id
+
+
+async def test_async_openai_sdk_against_transformers_serve(
+    transformers_serve: TransformersServer, captured: Captured
+) -> None:
+    client = llmspans.instrument(
+        openai.AsyncOpenAI(base_url=transformers_serve.base_url, api_key="x", max_retries=0)
+    )
+    stream = await client.chat.completions.create(
+        model=transformers_serve.model, messages=[{"role": "user", "content": "Say hello"}], stream=True,
+        max_tokens=MAX_TOKENS, temperature=0,
+    )  # fmt: skip
+    async for _ in stream:
+        pass
+    check_real_stream(llm_span(captured), transformers_serve)
+
+
+def test_non_streamed_call_to_transformers_serve(
+    transformers_serve: TransformersServer, captured: Captured
+) -> None:
+    client = llmspans.instrument(
+        openai.OpenAI(base_url=transformers_serve.base_url, api_key="x", max_retries=0)
+    )
+    result = client.chat.completions.create(
+        model=transformers_serve.model,
+        messages=[{"role": "user", "content": "Say hello"}],
+        max_tokens=4,
+        temperature=0,
+    )
+    attrs = llm_span(captured).attributes
+    assert attrs[names.GEN_AI_USAGE_OUTPUT_TOKENS] == result.usage.completion_tokens == 4
+    assert attrs[names.BUCKET_PREFIX + "first_token"] > 0
+    assert attrs[names.BUCKET_PREFIX + "stream"] == 0
+
+
+CHILD = """
+import llmspans
+from llmspans._simulator import Behavior, SimulatedServer
+import openai
+llmspans.configure(service_name="e2e", endpoint={endpoint!r}, protocol={protocol!r})
+with SimulatedServer(Behavior(chunks=3, usage="finish")) as server:
+    client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="sk-never-exported"))
+    with llmspans.turn("chat"):
+        list(client.chat.completions.create(model="sim", messages=[{{"role": "user", "content": "hi"}}], stream=True))
+"""
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_configure_exports_to_a_real_otlp_backend(phoenix: PhoenixServer, protocol: str) -> None:
+    project = f"llmspans-{uuid.uuid4().hex[:8]}"
+    endpoint = phoenix.http_endpoint if protocol == "http/protobuf" else phoenix.grpc_endpoint
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLMSPANS_"))}
+    env["OTEL_RESOURCE_ATTRIBUTES"] = f"openinference.project.name={project}"
+    code = textwrap.dedent(CHILD).format(endpoint=endpoint, protocol=protocol)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    spans = phoenix.wait_for_spans(project, lambda found: len(found) >= 3, timeout=20)
+    by_name = {span["name"]: span for span in spans}
+    assert set(by_name) == {"turn chat", "chat sim", "POST"}
+    turn, call, attempt = by_name["turn chat"], by_name["chat sim"], by_name["POST"]
+    assert call["parent_id"] == turn["context"]["span_id"]
+    assert attempt["parent_id"] == call["context"]["span_id"]
+    flat = _flatten(call["attributes"])
+    assert flat["gen_ai.request.model"] == "sim"
+    assert flat["gen_ai.usage.output_tokens"] == 3
+    assert flat["llmspans.stream.chunks"] == 3
+    assert isinstance(flat["llmspans.bucket.first_token"], float)
+    assert flat["llmspans.connect.reused"] is False
+    assert flat["llmspans.stream.outcome"] == "completed"
+    assert {event["name"] for event in call["events"]} >= {"llmspans.first_token", "llmspans.last_token"}
+    assert "sk-never-exported" not in str(spans)
+
+
+def _flatten(attrs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Phoenix may nest dotted keys; compare on the dotted form either way."""
+    flat: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
