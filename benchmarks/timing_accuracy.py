@@ -36,7 +36,10 @@ def bucket(span: object, name: str) -> float:
 def measure(calls: int, use_async: bool) -> dict[str, list[float]]:
     errors: dict[str, list[float]] = {}
     add = lambda key, value: errors.setdefault(key, []).append(value)  # noqa: E731
-    with SimulatedServer(Behavior(first_chunk_delay=FIRST, chunk_gap=GAP, chunks=CHUNKS)) as server, capture() as cap:
+    with (
+        SimulatedServer(Behavior(first_chunk_delay=FIRST, chunk_gap=GAP, chunks=CHUNKS)) as server,
+        capture() as cap,
+    ):
         if use_async:
             client: object = llmspans.instrument(openai.AsyncOpenAI(base_url=server.base_url, api_key="k"))
         else:
@@ -67,14 +70,19 @@ def measure(calls: int, use_async: bool) -> dict[str, list[float]]:
                 served = server.requests
                 final = served[-1]
                 sent = final.chunk_sent_ns
-                add("first_token vs server", bucket(span, "first_token") - (sent[0] - final.arrived_ns) * 1e-9)
+                add(
+                    "first_token vs server", bucket(span, "first_token") - (sent[0] - final.arrived_ns) * 1e-9
+                )
                 add("first_token vs told", bucket(span, "first_token") - FIRST)
                 add("stream vs server", bucket(span, "stream") - (sent[-1] - sent[0]) * 1e-9)
                 add("stream vs told", bucket(span, "stream") - GAP * (CHUNKS - 1))
                 add("itl.p50 vs told", span.attributes[names.ITL_P50] - GAP)
                 add("connect (reused: 0)", bucket(span, "connect"))
                 if retries:
-                    add("retry vs server", bucket(span, "retry") - (final.arrived_ns - served[0].arrived_ns) * 1e-9)
+                    add(
+                        "retry vs server",
+                        bucket(span, "retry") - (final.arrived_ns - served[0].arrived_ns) * 1e-9,
+                    )
                     add("retry vs told", bucket(span, "retry") - RETRY_AFTER * retries)
                 total = sum(bucket(span, b) for b in names.BUCKETS)
                 add("sum of buckets vs duration", total - (span.end_time - span.start_time) * 1e-9)
@@ -88,7 +96,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=40)
     args = parser.parse_args()
     for use_async in (False, True):
-        print(f"\nopenai {openai.__version__} {'async' if use_async else 'sync'}: |error| in ms over {args.calls} calls")
+        print(
+            f"\nopenai {openai.__version__} {'async' if use_async else 'sync'}: |error| in ms over {args.calls} calls"
+        )
         for key, values in measure(args.calls, use_async).items():
             print(f"  {key:28s} {quantiles(values)}  (n={len(values)})")
 

@@ -38,8 +38,8 @@ def _abandon(on_end: OnEnd) -> None:
         report("stream.gc", error)
 
 
-class SyncStreamProxy(wrapt.ObjectProxy[Any]):
-    """Wraps an SDK stream (openai `Stream`) for a synchronous caller."""
+class _StreamProxy(wrapt.ObjectProxy[Any]):
+    """What both proxies share: the call, the item reader, and ending exactly once."""
 
     def __init__(self, wrapped: Any, record: CallRecord, on_item: OnItem, on_end: OnEnd) -> None:
         super().__init__(wrapped)
@@ -47,6 +47,17 @@ class SyncStreamProxy(wrapt.ObjectProxy[Any]):
         self._self_on_item = on_item
         self._self_on_end = on_end
         self._self_finalizer = weakref.finalize(self, _abandon, on_end)
+
+    def _self_end(self, outcome: str, error: BaseException | None) -> None:
+        self._self_finalizer.detach()
+        try:
+            self._self_on_end(outcome, error)
+        except Exception as failure:
+            report("stream.end", failure)
+
+
+class SyncStreamProxy(_StreamProxy):
+    """Wraps an SDK stream (openai `Stream`) for a synchronous caller."""
 
     def __iter__(self) -> SyncStreamProxy:
         return self
@@ -71,13 +82,6 @@ class SyncStreamProxy(wrapt.ObjectProxy[Any]):
                 report("stream.chunk", error)
                 return item
 
-    def _self_end(self, outcome: str, error: BaseException | None) -> None:
-        self._self_finalizer.detach()
-        try:
-            self._self_on_end(outcome, error)
-        except Exception as failure:
-            report("stream.end", failure)
-
     def close(self) -> None:
         try:
             self.__wrapped__.close()
@@ -98,15 +102,8 @@ class SyncStreamProxy(wrapt.ObjectProxy[Any]):
         return self.__wrapped__.__reduce_ex__(protocol)
 
 
-class AsyncStreamProxy(wrapt.ObjectProxy[Any]):
+class AsyncStreamProxy(_StreamProxy):
     """Wraps an SDK stream (openai `AsyncStream`) for an asyncio caller."""
-
-    def __init__(self, wrapped: Any, record: CallRecord, on_item: OnItem, on_end: OnEnd) -> None:
-        super().__init__(wrapped)
-        self._self_record = record
-        self._self_on_item = on_item
-        self._self_on_end = on_end
-        self._self_finalizer = weakref.finalize(self, _abandon, on_end)
 
     def __aiter__(self) -> AsyncStreamProxy:
         return self
@@ -133,13 +130,6 @@ class AsyncStreamProxy(wrapt.ObjectProxy[Any]):
             except Exception as error:
                 report("stream.chunk", error)
                 return item
-
-    def _self_end(self, outcome: str, error: BaseException | None) -> None:
-        self._self_finalizer.detach()
-        try:
-            self._self_on_end(outcome, error)
-        except Exception as failure:
-            report("stream.end", failure)
 
     async def close(self) -> None:
         try:

@@ -45,6 +45,16 @@ def instruments() -> Instruments:
     return pair[1]
 
 
+def replace_meter_provider(meter_provider: metrics.MeterProvider) -> None:
+    """Inside `use_providers`, record metrics into a new provider from now on (capture's clear())."""
+    global _override
+    if _override is not None:
+        _override = (
+            _override[0],
+            Instruments(meter_provider.get_meter(names.INSTRUMENTATION_NAME, __version__)),
+        )
+
+
 @contextmanager
 def use_providers(
     tracer_provider: trace.TracerProvider, meter_provider: metrics.MeterProvider

@@ -46,6 +46,7 @@ class Captured:
     def __init__(self, exporter: InMemorySpanExporter, reader: InMemoryMetricReader) -> None:
         self._exporter = exporter
         self._reader = reader
+        self._retired: list[MeterProvider] = []
 
     @property
     def spans(self) -> list[ReadableSpan]:
@@ -85,7 +86,16 @@ class Captured:
         return points
 
     def clear(self) -> None:
+        """Forget the spans and metric points recorded so far."""
         self._exporter.clear()
+        self._reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[self._reader])
+        self._retired.append(provider)
+        _telemetry.replace_meter_provider(provider)
+
+    def _shutdown(self) -> None:
+        for provider in self._retired:
+            provider.shutdown()
 
 
 @contextmanager
@@ -96,12 +106,14 @@ def capture() -> Iterator[Captured]:
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
+    captured = Captured(exporter, reader)
     try:
         with _telemetry.use_providers(tracer_provider, meter_provider):
-            yield Captured(exporter, reader)
+            yield captured
     finally:
         tracer_provider.shutdown()
         meter_provider.shutdown()
+        captured._shutdown()
 
 
 try:

@@ -34,3 +34,16 @@ def test_capture_fixture_is_registered_as_a_plugin(llmspans_capture: llmspans.te
         "unit test_capture_fixture_is_registered_as_a_plugin.<locals>.unit"
     ]
     assert llmspans_capture.metric_points("llmspans.stage.duration")[0].count == 1
+
+
+def test_capture_clear_forgets_spans_and_metric_points(llmspans_capture: llmspans.testing.Captured) -> None:
+    @llmspans.stage("unit")
+    def unit() -> None:
+        pass
+
+    unit()
+    llmspans_capture.clear()
+    assert llmspans_capture.spans == []
+    assert llmspans_capture.metric_points() == []
+    unit()
+    assert llmspans_capture.metric_points("llmspans.stage.duration")[0].count == 1
