@@ -5,13 +5,18 @@ The whole public API is here; everything else in the package is private.
 
 from llmspans._budget import BudgetExceeded
 from llmspans._instrument import instrument, uninstrument
+from llmspans._limiter import Admission, Limiter, LimiterStats, LimiterTimeout
 from llmspans._setup import Configuration, configure
 from llmspans._stages import retrieval, stage, tool, turn
 from llmspans._version import __version__
 
 __all__ = [
+    "Admission",
     "BudgetExceeded",
     "Configuration",
+    "Limiter",
+    "LimiterStats",
+    "LimiterTimeout",
     "__version__",
     "configure",
     "instrument",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
@@ -21,6 +21,9 @@ from llmspans import _names as names
 from llmspans._gaps import GapSketch
 from llmspans._guard import guarded
 from llmspans._stages import current_turn
+
+if TYPE_CHECKING:
+    from llmspans._limiter import Admission
 
 _NS = 1e-9
 
@@ -47,10 +50,34 @@ class CallRecord:
     """Owns one logical LLM call: its span, its instants and its stream statistics."""
 
     __slots__ = (
-        "_finish_lock", "admitted_ns", "attempts", "budget", "bytes_at_ns", "cache_read_tokens", "chunks", "error_type",
-        "finish_on_close", "finish_reasons", "finished", "first_chunk_ns", "gaps", "input_tokens", "last_chunk_ns",
-        "metric_attributes", "output_tokens", "queued_ns", "released_ns", "response_id", "response_model",
-        "span", "stream", "turn", "wall_anchor_ns", "wasted_output_tokens",
+        "_finish_lock",
+        "admitted_ns",
+        "attempts",
+        "budget",
+        "bytes_at_ns",
+        "cache_read_tokens",
+        "chunks",
+        "error_type",
+        "finish_on_close",
+        "finish_reasons",
+        "finished",
+        "first_chunk_ns",
+        "gaps",
+        "input_tokens",
+        "last_chunk_ns",
+        "metric_attributes",
+        "on_release",
+        "output_tokens",
+        "queued_ns",
+        "released_ns",
+        "response_id",
+        "response_model",
+        "server_state",
+        "span",
+        "stream",
+        "turn",
+        "wall_anchor_ns",
+        "wasted_output_tokens",
     )  # fmt: skip
 
     def __init__(
@@ -91,6 +118,10 @@ class CallRecord:
         # reads them). An SDK parses a network read into items before handing them over, so
         # an item's true arrival is the read that completed it, not the moment we see it.
         self.bytes_at_ns = 0
+        # Run once the call is over, e.g. handing a limiter slot back.
+        self.on_release: Callable[[], None] | None = None
+        # The serving engine's latest sampled state (vLLM's queue, batch, KV cache), stamped at admission.
+        self.server_state: Callable[[], Mapping[str, AttributeValue]] | None = None
         self._finish_lock = threading.Lock()
         self.budget = _budget.registry.resolve(names.STAGE_LLM, budget)
         self.turn = current_turn.get()
@@ -137,19 +168,40 @@ class CallRecord:
             self.span.set_attributes(attributes)
         self.span.add_event(names.EVENT_ADMITTED, timestamp=self.wall_ns(now_ns))
 
+    def hold(self, admission: Admission) -> None:
+        """Admitted by a limiter: the call keeps its slot until it is over (a stream's end, not its headers)."""
+        self.on_release = admission.release
+        self.admitted(admission.admitted_ns, admission.attributes())
+        self.stamp_server_state()
+
+    @guarded("call.server_state", None)
+    def stamp_server_state(self) -> None:
+        """The server's state as last sampled, on the span, at the moment the call is admitted."""
+        if self.server_state is not None:
+            self.span.set_attributes(self.server_state())
+
     def attempt(self, started_ns: int) -> Attempt:
         attempt = Attempt(started_ns)
         self.attempts.append(attempt)
         return attempt
 
-    def content_chunk(self, now_ns: int) -> None:
-        """A chunk carrying tokens arrived: the hot path, a few integer operations."""
+    def content_chunk(self, now_ns: int, tokens: int = 1) -> None:
+        """A chunk carrying tokens arrived: the hot path, a few integer operations.
+
+        `tokens` > 1 when the server says how many the chunk carried (vLLM's continuous usage
+        stats): the gap is then spread over them, so the inter-token figures stay per token.
+        """
         last = self.last_chunk_ns
         if last:
             gap = now_ns - last
             gaps = self.gaps
             if gaps is not None:
-                gaps.add(gap)
+                if tokens > 1:
+                    per_token = gap // tokens
+                    for _ in range(tokens):
+                        gaps.add(per_token)
+                else:
+                    gaps.add(gap)
         else:
             self.first_chunk_ns = now_ns
         self.last_chunk_ns = now_ns
@@ -229,6 +281,13 @@ class CallRecord:
             self._write(outcome, error, released)
         finally:
             self.span.end(end_time=self.wall_ns(released))
+            if self.on_release is not None:
+                self._release()
+
+    @guarded("call.release", None)
+    def _release(self) -> None:
+        if self.on_release is not None:
+            self.on_release()
 
     @guarded("call.finish", None)
     def _write(self, outcome: str, error: BaseException | None, released: int) -> None:

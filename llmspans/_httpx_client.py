@@ -9,6 +9,7 @@ through untouched.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,17 +17,57 @@ from llmspans import _content, _sse
 from llmspans import _names as names
 from llmspans._call import CallRecord
 from llmspans._guard import guarded
-from llmspans._openai import Settings, input_messages, operation_for, request_attributes, write_content
+from llmspans._openai import Settings, input_messages, operation_for, write_content
 
 _MAX_JSON_BODY = 8 * 1024 * 1024
 
 
-class _StreamObserver:
-    """Parses the SSE body as it arrives and stamps content events at the instant their bytes came."""
+class _BodyReader:
+    """What both observers share: the transport hands over the body as it came off the wire,
+    still content-encoded, so a gzip or deflate body is decoded here as the client decodes it
+    for the app. Any other coding (br, zstd) leaves the body unread: no usage, never a misreading.
+    """
 
-    def __init__(self, record: CallRecord, capture: _content.CaptureSetting) -> None:
+    complete = False
+    _decoders: list[Any] | None = None  # None: identity; []: a coding we cannot undo
+
+    def response_headers(self, headers: Any) -> None:
+        codings = [c.strip().lower() for c in headers.get("content-encoding", "").split(",")]
+        codings = [c for c in codings if c and c != "identity"]
+        if codings:
+            # MAX_WBITS | 32 takes a gzip or a zlib header, which is what "deflate" means in HTTP.
+            decodable = all(c in ("gzip", "x-gzip", "deflate") for c in codings)
+            self._decoders = [zlib.decompressobj(zlib.MAX_WBITS | 32) for _ in codings] if decodable else []
+
+    def feed(self, chunk: bytes, now_ns: int) -> None:
+        decoders = self._decoders
+        if decoders is not None:
+            if not decoders:
+                return
+            try:
+                for decoder in reversed(decoders):  # the last coding applied is undone first
+                    chunk = decoder.decompress(chunk)
+            except zlib.error:
+                decoders.clear()  # the app's client fails on this body too; stop reading it
+                return
+        self.read(chunk, now_ns)
+
+    def read(self, chunk: bytes, now_ns: int) -> None:
+        raise NotImplementedError
+
+
+class _StreamObserver(_BodyReader):
+    """Parses the SSE body as it arrives and stamps content events at the instant their bytes came.
+
+    `complete` turns true at the stream's own end marker: `[DONE]` for chat and completions, the
+    final `response.completed`/`incomplete`/`failed` event for the Responses API (which sends no
+    `[DONE]`). A caller who stops reading there and closes the response has not abandoned the call.
+    """
+
+    def __init__(self, record: CallRecord, capture: _content.CaptureSetting, responses_api: bool) -> None:
         self.record = record
         self.capture = capture
+        self.responses_api = responses_api
         self.output: list[str] | None = [] if capture else None
         self._now = 0
         self._parser = _sse.SSEObserver(self._on_event)
@@ -35,9 +76,14 @@ class _StreamObserver:
         info = _sse.classify(event, data)
         if info is None:
             return
+        if info.done or (self.responses_api and info.finish_reasons):
+            self.complete = True
         record = self.record
         if info.content:
-            record.content_chunk(self._now)
+            tokens = 1
+            if info.output_tokens is not None:  # cumulative usage on every chunk: exact tokens per chunk
+                tokens = max(1, info.output_tokens - (record.output_tokens or 0))
+            record.content_chunk(self._now, tokens)
             if self.output is not None and info.content_text:
                 self.output.append(info.content_text)
         if record.response_id is None or info.finish_reasons:
@@ -45,7 +91,7 @@ class _StreamObserver:
         if info.input_tokens is not None or info.output_tokens is not None:
             record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
 
-    def feed(self, chunk: bytes, now_ns: int) -> None:
+    def read(self, chunk: bytes, now_ns: int) -> None:
         self._now = now_ns
         self._parser.feed(chunk)
 
@@ -54,7 +100,7 @@ class _StreamObserver:
             _write_output(self.record, self.capture, "".join(self.output))
 
 
-class _JsonObserver:
+class _JsonObserver(_BodyReader):
     """Keeps a non-streamed JSON body (bounded) to read usage from once it is complete."""
 
     def __init__(self, record: CallRecord, capture: _content.CaptureSetting) -> None:
@@ -63,7 +109,7 @@ class _JsonObserver:
         self._parts: list[bytes] = []
         self._size = 0
 
-    def feed(self, chunk: bytes, now_ns: int) -> None:
+    def read(self, chunk: bytes, now_ns: int) -> None:
         self._size += len(chunk)
         if self._size <= _MAX_JSON_BODY:
             self._parts.append(chunk)
@@ -109,6 +155,7 @@ class PlainClientCalls:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.limiter = settings.limiter
 
     @guarded("httpx.begin", None)
     def begin(self, request: Any) -> tuple[CallRecord, Any] | None:
@@ -129,21 +176,15 @@ class PlainClientCalls:
                 decoded = None
             if isinstance(decoded, Mapping):
                 body = decoded
-        model = body.get("model")
         stream = body.get("stream") is True
         url = request.url
-        record = CallRecord(
-            operation=operation,
-            model=model if isinstance(model, str) else None,
-            provider=self.settings.provider,
-            stream=stream,
-            request_attributes=request_attributes(body),
-            server_address=url.host,
-            server_port=url.port or (443 if url.scheme == "https" else 80),
-            budget=self.settings.budget,
-        )
+        record = self.settings.new_record(operation, body, stream, url)
         capture = _content.resolve(self.settings.capture_content)
         if capture:
             write_content(record, capture, names.GEN_AI_INPUT_MESSAGES, input_messages(body))
-        observer = _StreamObserver(record, capture) if stream else _JsonObserver(record, capture)
+        observer: _StreamObserver | _JsonObserver = (
+            _StreamObserver(record, capture, responses_api=url.path.rstrip("/").endswith("/responses"))
+            if stream
+            else _JsonObserver(record, capture)
+        )
         return record, observer

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from llmspans import _budget, _content, _transport
+from llmspans._limiter import Limiter
 from llmspans._openai import _MARK, OpenAIInstrumentation, Settings
+
+if TYPE_CHECKING:
+    from llmspans.vllm import ServerMetrics
 
 C = TypeVar("C")
 _SUPPORTED = (
@@ -29,12 +33,18 @@ def instrument(
     client: C,
     *,
     provider: str | None = None,
-    limiter: Any = None,
+    limiter: Limiter | None = None,
     budget: float | str | None = None,
     capture_content: Any = None,
     request_usage: bool = False,
+    server_metrics: bool | ServerMetrics = False,
 ) -> C:
-    """Instrument an LLM client in place and return it: `client = llmspans.instrument(OpenAI())`."""
+    """Instrument an LLM client in place and return it: `client = llmspans.instrument(OpenAI())`.
+
+    `server_metrics=True` (with a vLLM server) samples the server's Prometheus `/metrics` in the
+    background and stamps its queue, batch and KV-cache state on each call span at admission;
+    pass an `llmspans.vllm.ServerMetrics` to share one sampler between clients.
+    """
     kind = _kind(client)
     if kind is None:
         raise TypeError(
@@ -42,25 +52,48 @@ def instrument(
         )
     if provider is not None and (not isinstance(provider, str) or not provider.strip()):
         raise ValueError(f"provider must be a non-empty string such as 'openai' or 'vllm', got {provider!r}")
-    if limiter is not None:
-        raise TypeError(f"limiter must be None until llmspans.Limiter is available, got {limiter!r}")
+    if limiter is not None and not isinstance(limiter, Limiter):
+        raise TypeError(f"limiter must be an llmspans.Limiter, got {limiter!r}")
     if not isinstance(request_usage, bool):
         raise TypeError(f"request_usage must be True or False, got {request_usage!r}")
+    if not isinstance(server_metrics, bool) and type(server_metrics).__name__ != "ServerMetrics":
+        raise TypeError(
+            f"server_metrics must be True, False or an llmspans.vllm.ServerMetrics, got {server_metrics!r}"
+        )
+    budget_seconds = None if budget is None else _budget.parse_seconds(budget, what="budget for the LLM call")
+    capture = _content.check(capture_content)
+    if _instrumented(client, kind):
+        return client
+    sampler: ServerMetrics | None = None
+    if server_metrics is True:
+        from llmspans.vllm import ServerMetrics as Sampler
+
+        sampler = Sampler(str(client.base_url))  # type: ignore[attr-defined]
+    elif server_metrics is not False:
+        sampler = server_metrics
     settings = Settings(
         provider=provider or "openai",
-        budget=None if budget is None else _budget.parse_seconds(budget, what="budget for the LLM call"),
-        capture_content=_content.check(capture_content),
+        budget=budget_seconds,
+        capture_content=capture,
         request_usage=request_usage,
+        limiter=limiter,
+        server_metrics=sampler,
+        owns_server_metrics=server_metrics is True,
     )
     if kind == "openai":
-        if getattr(client, _MARK, None) is None:
-            OpenAIInstrumentation(client, settings).install()
+        OpenAIInstrumentation(client, settings).install()
     else:
         from llmspans._httpx_client import PlainClientCalls
 
-        if _transport.install(client, PlainClientCalls(settings)):
-            setattr(client, _PLAIN_MARK, True)
+        _transport.install(client, PlainClientCalls(settings))
+        setattr(client, _PLAIN_MARK, settings)
     return client
+
+
+def _instrumented(client: Any, kind: str) -> bool:
+    if kind == "openai":
+        return getattr(client, _MARK, None) is not None
+    return getattr(client, _PLAIN_MARK, None) is not None
 
 
 def uninstrument(client: C) -> C:
@@ -72,7 +105,10 @@ def uninstrument(client: C) -> C:
         installed = getattr(client, _MARK, None)
         if installed is not None:
             installed.uninstall()
-    elif getattr(client, _PLAIN_MARK, False):
-        _transport.remove(client)
-        delattr(client, _PLAIN_MARK)
+    else:
+        settings = getattr(client, _PLAIN_MARK, None)
+        if settings is not None:
+            _transport.remove(client)
+            delattr(client, _PLAIN_MARK)
+            settings.close()
     return client

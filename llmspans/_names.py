@@ -82,6 +82,7 @@ LIMITER_NAME: Final = "llmspans.limiter.name"
 LIMITER_CAP: Final = "llmspans.limiter.cap"
 LIMITER_IN_FLIGHT: Final = "llmspans.limiter.in_flight"
 LIMITER_QUEUE_DEPTH: Final = "llmspans.limiter.queue_depth"
+LIMITER_WAIT: Final = "llmspans.limiter.wait"
 
 BUDGET: Final = "llmspans.budget"
 BUDGET_EXCEEDED: Final = "llmspans.budget.exceeded"
@@ -132,3 +133,37 @@ ENV_TRACES_FILE: Final = "LLMSPANS_TRACES_FILE"
 ENV_BUDGETS: Final = "LLMSPANS_BUDGETS"
 ENV_CAPTURE_CONTENT: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 DEFAULT_TRACES_FILE: Final = "llmspans-traces.jsonl"
+
+# --- vLLM ---------------------------------------------------------------------------------------
+PROVIDER_VLLM: Final = "vllm"
+GEN_AI_REQUEST_TOP_K: Final = "gen_ai.request.top_k"
+
+# Server state sampled from vLLM's /metrics (llmspans.vllm.ServerMetrics), stamped on call spans
+# at admission and exported as gauges of the same names.
+VLLM_NUM_REQUESTS_WAITING: Final = "vllm.num_requests_waiting"
+VLLM_NUM_REQUESTS_RUNNING: Final = "vllm.num_requests_running"
+VLLM_KV_CACHE_USAGE: Final = "vllm.kv_cache_usage"
+VLLM_METRICS_AGE: Final = "vllm.metrics.age"
+METRIC_VLLM_NUM_REQUESTS_WAITING: Final = VLLM_NUM_REQUESTS_WAITING
+METRIC_VLLM_NUM_REQUESTS_RUNNING: Final = VLLM_NUM_REQUESTS_RUNNING
+METRIC_VLLM_KV_CACHE_USAGE: Final = VLLM_KV_CACHE_USAGE
+
+# vLLM's own Prometheus names, as its /metrics serves them (label `model_name`, and `engine` in V1).
+PROMETHEUS_VLLM_NUM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
+PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"
+PROMETHEUS_VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
+PROMETHEUS_VLLM_GPU_CACHE_USAGE: Final = "vllm:gpu_cache_usage_perc"  # before vLLM 0.9 (then deprecated)
+
+# vLLM's server span (started with --otlp-traces-endpoint): one SERVER span per request, emitted when
+# the request finishes, start time backdated to arrival; the report splits first_token with these.
+VLLM_SERVER_SPAN: Final = "llm_request"
+GEN_AI_LATENCY_TIME_IN_QUEUE: Final = "gen_ai.latency.time_in_queue"
+GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: Final = "gen_ai.latency.time_to_first_token"
+GEN_AI_LATENCY_E2E: Final = "gen_ai.latency.e2e"
+GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
+GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
+GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
+GEN_AI_REQUEST_ID: Final = "gen_ai.request.id"
+GEN_AI_REQUEST_N: Final = "gen_ai.request.n"
+GEN_AI_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
+GEN_AI_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"

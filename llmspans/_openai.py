@@ -9,10 +9,12 @@ instrumented.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wrapt
 from opentelemetry import context as otel_context
@@ -22,6 +24,10 @@ from llmspans import _content, _transport
 from llmspans import _names as names
 from llmspans._call import CallRecord
 from llmspans._guard import guarded, swallow
+from llmspans._limiter import Limiter
+
+if TYPE_CHECKING:
+    from llmspans.vllm import ServerMetrics
 from llmspans._stream import AsyncStreamProxy, SyncStreamProxy
 
 _OPERATIONS = (
@@ -50,6 +56,34 @@ class Settings:
     budget: float | None
     capture_content: _content.CaptureSetting
     request_usage: bool
+    limiter: Limiter | None = None
+    server_metrics: ServerMetrics | None = None
+    owns_server_metrics: bool = False
+
+    def close(self) -> None:
+        """Stop what instrument() started for this client (a sampler it made)."""
+        if self.owns_server_metrics and self.server_metrics is not None:
+            self.server_metrics.close()
+
+    def new_record(self, operation: str, body: Mapping[str, Any], stream: bool, url: Any) -> CallRecord:
+        """A call record for one request of this client, from its JSON body and the server's URL."""
+        model = body.get("model")
+        record = CallRecord(
+            operation=operation,
+            model=model if isinstance(model, str) else None,
+            provider=self.provider,
+            stream=stream,
+            request_attributes=request_attributes(body),
+            server_address=url.host,
+            server_port=url.port or (443 if url.scheme == "https" else 80),
+            budget=self.budget,
+        )
+        sampler = self.server_metrics
+        if sampler is not None:
+            record.server_state = sampler.span_attributes
+            if self.limiter is None:  # admitted at once: the state now is the state at admission
+                record.stamp_server_state()
+        return record
 
 
 def request_attributes(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,6 +99,9 @@ def request_attributes(body: Mapping[str, Any]) -> dict[str, Any]:
         value = body.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             attributes[attribute] = float(value)
+    top_k = body.get("top_k")  # vLLM's sampling extension, sent through extra_body
+    if isinstance(top_k, int) and not isinstance(top_k, bool):
+        attributes[names.GEN_AI_REQUEST_TOP_K] = top_k
     return attributes
 
 
@@ -150,24 +187,32 @@ def _chat_item(call: _Call, item: Any, now: int) -> bool:
     if record.response_id is None:
         record.set_response(getattr(item, "id", None), getattr(item, "model", None))
     choices = item.choices
+    usage = item.usage
     if choices:
         for choice in choices:
             delta = choice.delta
             if delta is not None:
                 text = delta.content
                 if text or delta.tool_calls or getattr(delta, "reasoning_content", None):
-                    record.content_chunk(now)
+                    record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
                     if call.output is not None and text:
                         call.output.append(text)
                     break
         for choice in choices:
             if choice.finish_reason:
                 record.set_response(finish_reasons=[choice.finish_reason])
-    usage = item.usage
     if usage is not None:
         _usage(record, usage)
         return call.hide_usage and not choices
     return False
+
+
+def _tokens_in(record: CallRecord, usage: Any) -> int:
+    """Tokens a content chunk carried, from cumulative usage on every chunk (vLLM's continuous stats)."""
+    total = getattr(usage, "completion_tokens", None)
+    if not isinstance(total, int) or isinstance(total, bool):
+        return 1
+    return max(1, total - (record.output_tokens or 0))
 
 
 def _completion_item(call: _Call, item: Any, now: int) -> bool:
@@ -306,12 +351,15 @@ class OpenAIInstrumentation:
         if self._transport_installed:
             _transport.remove(client._client)
         client.__dict__.pop(_MARK, None)
+        self.settings.close()
 
     def _copy(self, *args: Any, **kwargs: Any) -> Any:
         copied = self._original_copy(*args, **kwargs)
         with swallow("openai.copy"):
             if getattr(copied, _MARK, None) is None:
-                OpenAIInstrumentation(copied, self.settings).install()
+                # A copy shares the original's sampler; only the original closes it.
+                shared = dataclasses.replace(self.settings, owns_server_metrics=False)
+                OpenAIInstrumentation(copied, shared).install()
         return copied
 
     @guarded("openai.begin", None)
@@ -321,6 +369,9 @@ class OpenAIInstrumentation:
         if operation is None:
             return None
         body = options.json_data if isinstance(options.json_data, Mapping) else {}
+        extra = getattr(options, "extra_json", None)
+        if isinstance(extra, Mapping) and extra:
+            body = {**body, **extra}  # extra_body: what the SDK sends merged into the JSON
         stream = body.get("stream") is True
         hide_usage = False
         if (
@@ -329,20 +380,9 @@ class OpenAIInstrumentation:
             and "stream_options" not in (options.extra_json or {})
         ):  # fmt: skip
             options = options.model_copy()
-            options.json_data = {**body, "stream_options": {"include_usage": True}}
+            options.json_data = {**options.json_data, "stream_options": {"include_usage": True}}
             hide_usage = True
-        base_url = self.client.base_url
-        model = body.get("model")
-        record = CallRecord(
-            operation=operation,
-            model=model if isinstance(model, str) else None,
-            provider=self.settings.provider,
-            stream=stream,
-            request_attributes=request_attributes(body),
-            server_address=base_url.host,
-            server_port=base_url.port or (443 if base_url.scheme == "https" else 80),
-            budget=self.settings.budget,
-        )
+        record = self.settings.new_record(operation, body, stream, self.client.base_url)
         capture = _content.resolve(self.settings.capture_content)
         call = _Call(record, url.rstrip("/"), hide_usage, capture)
         if capture:
@@ -406,6 +446,14 @@ class OpenAIInstrumentation:
         args = (args[0], options, *args[2:]) if len(args) > 1 else args
         if len(args) <= 1:
             kwargs["options"] = options
+        limiter = self.settings.limiter
+        if limiter is not None:
+            try:
+                admission = limiter.acquire()
+            except BaseException as error:  # a limiter timeout is the caller's error to see
+                _finish(call, names.OUTCOME_ERROR, error)
+                raise
+            call.record.hold(admission)
         call_token = _transport.active_call.set(call.record)
         context_token = otel_context.attach(trace.set_span_in_context(call.record.span))
         try:
@@ -423,8 +471,6 @@ class OpenAIInstrumentation:
         return wrapped
 
     async def _async_request(self, *args: Any, **kwargs: Any) -> Any:
-        import asyncio
-
         options = args[1] if len(args) > 1 else kwargs.get("options")
         begun = self._begin(options)
         if begun is None:
@@ -433,6 +479,17 @@ class OpenAIInstrumentation:
         args = (args[0], options, *args[2:]) if len(args) > 1 else args
         if len(args) <= 1:
             kwargs["options"] = options
+        limiter = self.settings.limiter
+        if limiter is not None:
+            try:
+                admission = await limiter.acquire_async()
+            except asyncio.CancelledError as error:
+                _finish(call, names.OUTCOME_CANCELLED, error)
+                raise
+            except BaseException as error:
+                _finish(call, names.OUTCOME_ERROR, error)
+                raise
+            call.record.hold(admission)
         call_token = _transport.active_call.set(call.record)
         context_token = otel_context.attach(trace.set_span_in_context(call.record.span))
         try:

@@ -15,6 +15,7 @@ call per request to an OpenAI-compatible path.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import importlib
 import time
@@ -29,6 +30,7 @@ from llmspans import _names as names
 from llmspans import _telemetry
 from llmspans._call import Attempt, CallRecord
 from llmspans._guard import guarded, swallow
+from llmspans._limiter import Limiter
 
 active_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("llmspans_call", default=None)
 
@@ -43,14 +45,25 @@ _RETRY_HEADER = "x-stainless-retry-count"
 
 
 class BodyObserver(Protocol):
-    """What a plain-client call watches in the response body (the SSE parser, for one)."""
+    """What a plain-client call watches in the response body (the SSE parser, for one).
 
+    `response_headers` comes first: the bytes `feed` then gets are the body as it came off the
+    wire, still content-encoded. `complete` turns true once the body said it was over (`[DONE]`,
+    a final Responses event), so a caller who closes the response after that has not abandoned
+    the call.
+    """
+
+    complete: bool
+
+    def response_headers(self, headers: Any) -> None: ...
     def feed(self, chunk: bytes, now_ns: int) -> None: ...
     def finish(self, now_ns: int, error: BaseException | None) -> None: ...
 
 
 class PlainCalls(Protocol):
     """Opens call records for a plain httpx client; None for requests that are not LLM calls."""
+
+    limiter: Limiter | None
 
     def begin(self, request: Any) -> tuple[CallRecord, BodyObserver | None] | None: ...
 
@@ -128,13 +141,15 @@ class _AttemptScope:
             self.attempt.connect_ns = now - (self.connect_started_ns or self.attempt.started_ns)
 
     @guarded("transport.response", None)
-    def responded(self, status: int) -> None:
+    def responded(self, status: int, headers: Any) -> None:
         self.attempt.status = status
         self.span.set_attribute(names.HTTP_RESPONSE_STATUS_CODE, status)
         if status >= 400:
             self.attempt.cause = f"http_{status}"
             self.span.set_attribute(names.ERROR_TYPE, str(status))
             self.span.set_status(Status(StatusCode.ERROR))
+        if self.observer is not None:
+            self.observer.response_headers(headers)  # the body it will see is still content-encoded
 
     def failed(self, error: BaseException) -> None:
         with swallow("transport.failed"):
@@ -162,12 +177,21 @@ class _AttemptScope:
             if self.observer is not None:
                 with swallow("transport.observer"):
                     self.observer.finish(now, error)
-            outcome = names.OUTCOME_ERROR if error is not None else names.OUTCOME_COMPLETED
-            self.record.finish(outcome, error=error, now_ns=now)
+            self.record.finish(self._outcome(error), error=error, now_ns=now)
         elif (
             self.record.finish_on_close and self.record.attempts and self.record.attempts[-1] is self.attempt
         ):
-            self.record.finish(names.OUTCOME_COMPLETED, error=error, now_ns=now)
+            self.record.finish(self._outcome(error), error=error, now_ns=now)
+
+    def _outcome(self, error: BaseException | None) -> str:
+        """How a call ended by its body's close: cancelled, failed, read to its end, or let go of before it."""
+        if isinstance(error, asyncio.CancelledError):
+            return names.OUTCOME_CANCELLED
+        if error is not None or (self.attempt.status or 0) >= 400:
+            return names.OUTCOME_ERROR
+        if self.attempt.body_done_ns is not None or (self.observer is not None and self.observer.complete):
+            return names.OUTCOME_COMPLETED
+        return names.OUTCOME_ABANDONED
 
     def _write_connection(self) -> None:
         attempt = self.attempt
@@ -202,23 +226,38 @@ def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
 
 
 @guarded("transport.begin", None)
-def _begin(request: Any, plain: PlainCalls | None, is_async: bool) -> _AttemptScope | None:
+def _open(request: Any, plain: PlainCalls | None) -> tuple[CallRecord, BodyObserver | None, bool] | None:
+    """The call this request belongs to: the adapter's, or a new one a plain client's request opens."""
     record = active_call.get()
-    observer: BodyObserver | None = None
-    owns = False
     if record is None:
         if plain is None:
             return None
         opened = plain.begin(request)
         if opened is None:
             return None
-        record, observer = opened
-        owns = True
-    elif record.finished:
+        return opened[0], opened[1], True
+    if record.finished:
         return None
+    return record, None, False
+
+
+@guarded("transport.attempt", None)
+def _start(
+    opened: tuple[CallRecord, BodyObserver | None, bool], request: Any, is_async: bool
+) -> _AttemptScope | None:
+    record, observer, owns = opened
     scope = _AttemptScope(record, request, owns, observer)
     _chain_trace(request, scope, is_async)
     return scope
+
+
+_open_guarded = guarded("transport.begin", None)(_open)
+
+
+def _unstarted(opened: tuple[CallRecord, BodyObserver | None, bool]) -> None:
+    """Our attempt scope failed to start: a call we opened must still end."""
+    if opened[2]:
+        opened[0].finish(names.OUTCOME_COMPLETED)
 
 
 def _end_on_collect(scope: _AttemptScope) -> None:
@@ -270,6 +309,8 @@ class _SyncBody:
                 if observer is not None:
                     _observe(observer, chunk, now)
                 yield chunk
+        except GeneratorExit:  # the reader let go of the iterator: close() or collection ends the call
+            raise
         except BaseException as error:
             scope.close(error)
             raise
@@ -299,6 +340,8 @@ class _AsyncBody:
                 if observer is not None:
                     _observe(observer, chunk, now)
                 yield chunk
+        except GeneratorExit:  # the reader let go of the iterator: close() or collection ends the call
+            raise
         except BaseException as error:
             scope.close(error)
             raise
@@ -324,15 +367,27 @@ class _SyncTransport:
         self._plain = plain
 
     def handle_request(self, request: Any) -> Any:
-        scope = _begin(request, self._plain, False)
+        opened = _open_guarded(request, self._plain)
+        if opened is None:
+            return self.inner.handle_request(request)
+        limiter = self._plain.limiter if opened[2] and self._plain is not None else None
+        if limiter is not None:
+            try:
+                admission = limiter.acquire()
+            except BaseException as error:
+                opened[0].finish(names.OUTCOME_ERROR, error=error)
+                raise
+            opened[0].hold(admission)
+        scope = _start(opened, request, False)
         if scope is None:
+            _unstarted(opened)
             return self.inner.handle_request(request)
         try:
             response = self.inner.handle_request(request)
         except BaseException as error:
             scope.failed(error)
             raise
-        scope.responded(response.status_code)
+        scope.responded(response.status_code, response.headers)
         with swallow("transport.wrap_body"):
             response.stream = self._library.sync_body(response.stream, scope)
         return response
@@ -355,15 +410,30 @@ class _AsyncTransport:
         self._plain = plain
 
     async def handle_async_request(self, request: Any) -> Any:
-        scope = _begin(request, self._plain, True)
+        opened = _open_guarded(request, self._plain)
+        if opened is None:
+            return await self.inner.handle_async_request(request)
+        limiter = self._plain.limiter if opened[2] and self._plain is not None else None
+        if limiter is not None:
+            try:
+                admission = await limiter.acquire_async()
+            except asyncio.CancelledError as error:
+                opened[0].finish(names.OUTCOME_CANCELLED, error=error)
+                raise
+            except BaseException as error:
+                opened[0].finish(names.OUTCOME_ERROR, error=error)
+                raise
+            opened[0].hold(admission)
+        scope = _start(opened, request, True)
         if scope is None:
+            _unstarted(opened)
             return await self.inner.handle_async_request(request)
         try:
             response = await self.inner.handle_async_request(request)
         except BaseException as error:
             scope.failed(error)
             raise
-        scope.responded(response.status_code)
+        scope.responded(response.status_code, response.headers)
         with swallow("transport.wrap_body"):
             response.stream = self._library.async_body(response.stream, scope)
         return response

@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -21,6 +22,7 @@ import llmspans
 from llmspans import _names as names
 from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import Captured
+from tests.timing import retry_timing
 
 # Each bucket is compared with what the server actually did (its own stamps, same clock):
 # arrival-to-arrival figures (stream, gaps) within EXACT; figures that also hold the client's
@@ -105,6 +107,7 @@ def check_stream_timings(span: Any, served: Any) -> None:
     assert_buckets_sum_to_duration(span)
 
 
+@retry_timing
 def test_sync_stream_buckets_match_the_server_delays(server: SimulatedServer, captured: Captured) -> None:
     client = sync_client(server)
     client.chat.completions.create(model="warm-up", messages=MESSAGES)  # a cold client pays its set-up once
@@ -140,6 +143,7 @@ def test_sync_stream_buckets_match_the_server_delays(server: SimulatedServer, ca
     )
 
 
+@retry_timing
 async def test_async_stream_buckets_match_the_server_delays(
     server: SimulatedServer, captured: Captured
 ) -> None:
@@ -158,6 +162,7 @@ async def test_async_stream_buckets_match_the_server_delays(
     check_stream_timings(call_span(captured), server.requests[-1])
 
 
+@retry_timing
 def test_non_streamed_first_token_is_the_server_work(server: SimulatedServer, captured: Captured) -> None:
     client = sync_client(server)
     client.chat.completions.create(model="warm-up", messages=MESSAGES)
@@ -194,6 +199,7 @@ def test_second_call_reuses_the_connection(server: SimulatedServer, captured: Ca
 
 
 @pytest.mark.parametrize("use_async", [False, True])
+@retry_timing
 async def test_two_429s_then_success(server: SimulatedServer, captured: Captured, use_async: bool) -> None:
     server.enqueue(Behavior(status=429, retry_after_ms=40), Behavior(status=429, retry_after_ms=40))
     server.default = Behavior(chunks=3)
@@ -316,10 +322,12 @@ def test_dropped_connection_mid_stream_is_an_error(server: SimulatedServer, capt
     server.default = Behavior(chunks=6, drop_after=2)
     client = sync_client(server)
     plain = openai.OpenAI(base_url=server.base_url, api_key=SECRET)
-    with pytest.raises(openai.APIConnectionError) as uninstrumented:
+    # openai 3.x wraps a broken stream in APIConnectionError; 1.x/2.x let httpx's own error through.
+    with pytest.raises((openai.APIConnectionError, httpx.RemoteProtocolError)) as uninstrumented:
         list(plain.chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
-    with pytest.raises(type(uninstrumented.value)):
+    with pytest.raises(type(uninstrumented.value)) as instrumented:
         list(client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
+    assert type(instrumented.value) is type(uninstrumented.value)
     span = call_span(captured)
     assert span.attributes[names.STREAM_OUTCOME] == "error"
     assert span.attributes[names.STREAM_CHUNKS] == 2
@@ -585,3 +593,30 @@ def test_metrics_per_call(server: SimulatedServer, captured: Captured) -> None:
 
 async def aiter_list(stream: AsyncIterator[Any]) -> list[Any]:
     return [item async for item in stream]
+
+
+def test_azure_client_is_instrumented(server: SimulatedServer, captured: Captured) -> None:
+    """Azure's deployment paths end in the same operation suffixes; the simulator answers them 404."""
+    client = llmspans.instrument(
+        openai.AzureOpenAI(azure_endpoint=server.url, api_key=SECRET, api_version="2024-06-01", max_retries=0)
+    )
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="my-deployment", messages=MESSAGES)
+    span = call_span(captured)
+    assert span.name == "chat my-deployment"
+    assert span.attributes[names.ERROR_TYPE] == "NotFoundError"
+    (attempt,) = attempt_spans(captured)
+    assert "/openai/deployments/my-deployment/chat/completions" in attempt.attributes[names.URL_FULL]
+    assert SECRET not in all_exported_text(captured)
+
+
+def test_streaming_response_closed_early_is_abandoned(server: SimulatedServer, captured: Captured) -> None:
+    server.default = Behavior(chunks=20, chunk_gap=0.005)
+    client = sync_client(server)
+    with client.chat.completions.with_streaming_response.create(
+        model="tiny", messages=MESSAGES, stream=True
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break
+    assert outcome(captured) == "abandoned"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The openai 1.x/2.x leg: those SDKs send through httpx (3.x sends through httpx2), so the
+# openai adapter's tests run once more against the newest 2.x (the newest 1.x if no 2.x is
+# published) in a virtual environment of their own. Usage: .ci/legacy-openai.sh VENV_DIR
+set -euo pipefail
+if [ $# -ne 1 ] || [ -z "$1" ]; then
+  echo "usage: $0 VENV_DIR  (the virtual environment to create or reuse for the legacy openai SDK)" >&2
+  exit 2
+fi
+mkdir -p "$1"
+venv=$(cd "$1" && pwd)  # absolute, before leaving the caller's directory
+cd "$(dirname "$0")/.."
+
+python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+"$venv/bin/python" -m pip install -q -e . pytest pytest-asyncio pytest-timeout hypothesis
+if ! "$venv/bin/python" -m pip install -q 'openai>=2,<3'; then
+  echo "no openai 2.x available: using the newest 1.x" >&2
+  "$venv/bin/python" -m pip install -q 'openai>=1.40,<2'
+fi
+"$venv/bin/python" - <<'PY'
+import openai
+
+major = int(openai.__version__.split(".")[0])
+assert major < 3, f"the legacy leg needs an httpx-based openai (1.x/2.x), got {openai.__version__}"
+print(f"openai {openai.__version__} (sends through httpx)")
+PY
+"$venv/bin/python" -m pytest tests/test_openai.py -q

@@ -1,0 +1,410 @@
+"""vLLM: the server's queue and KV-cache state, sampled in the background for the call spans.
+
+    from llmspans.vllm import ServerMetrics
+
+    with ServerMetrics("http://127.0.0.1:8000/v1", interval=1.0) as server:
+        server.span_attributes()
+        # {"vllm.num_requests_waiting": 3, "vllm.num_requests_running": 8,
+        #  "vllm.kv_cache_usage": 0.93, "vllm.metrics.age": 0.41}
+
+Exports `ServerMetrics`, `ServerSnapshot` and `looks_like_vllm`.
+
+**What is read.** vLLM's Prometheus `/metrics` (the server root's, whether `base_url` names the
+root or the OpenAI `/v1` URL): the gauges `vllm:num_requests_waiting`, `vllm:num_requests_running`
+and `vllm:kv_cache_usage_perc`, or the older `vllm:gpu_cache_usage_perc` when the server predates
+the rename (vLLM 0.9). The text is parsed with `prometheus_client`'s parser (the `vllm` extra:
+`pip install 'llmspans[vllm]'`).
+
+**Several series.** The gauges carry a `model_name` label (and `engine` since the V1 engine). The
+request counts are **summed** over every series, so they are the whole server's backlog and batch,
+whatever model alias or data-parallel engine holds them. The KV-cache usage is the **maximum**
+over the series: each engine has its own cache, and the fullest one is the one that stalls
+admission (summing fractions would be meaningless).
+
+**How it behaves.** One daemon thread issues one GET per `interval`, with `timeout` on each
+phase of the request and a cap on the body size, so its work is bounded; nothing runs on the
+application's request path; it connects directly (no proxy from the environment), and its
+requests are neither traced by OpenTelemetry's HTTP instrumentations nor logged by httpx at
+INFO. `span_attributes()` only reads the latest sample: no I/O, no lock,
+a handful of dictionary operations, safe from any thread. When the endpoint is down or serves
+something else, the sampler logs one warning per outage on the `llmspans.vllm` logger and keeps
+trying; `span_attributes()` then returns the last good sample with its growing age (or `{}` if
+there never was one), while the gauges stop reporting until a sample succeeds again. The
+thread stops on `close()`, at the end of a `with` block, when the object is garbage collected,
+and at interpreter exit.
+
+**Gauges.** While sampling, the values are also exported as OpenTelemetry gauges
+`vllm.num_requests_waiting`, `vllm.num_requests_running` and `vllm.kv_cache_usage` with the
+server's `server.address` and `server.port`, through the same meter provider as llmspans'
+other instruments.
+
+**Recognising vLLM.** vLLM's `/v1/models` lists its models with `owned_by: "vllm"`
+(`looks_like_vllm()` checks a decoded payload), but finding out takes a request to the server
+before the first call, which `instrument()` will not make on its own: pass
+`provider="vllm"` to `llmspans.instrument()` for a client pointed at vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import urllib.parse
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from opentelemetry.util.types import AttributeValue
+
+from llmspans import _names as names
+
+__all__ = ["ServerMetrics", "ServerSnapshot", "looks_like_vllm"]
+
+logger = logging.getLogger("llmspans.vllm")
+
+_MAX_BODY_BYTES = 8 * 1024 * 1024  # a vLLM /metrics page is tens of KB; anything this big is not one
+_ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"  # the classic text format, never OpenMetrics
+_INSTALL_HINT = "llmspans.vllm.ServerMetrics needs prometheus-client: pip install 'llmspans[vllm]'"
+
+
+def looks_like_vllm(models_payload: Mapping[str, Any]) -> bool:
+    """Whether a decoded `GET /v1/models` answer comes from vLLM (a model `owned_by` "vllm").
+
+    Anything that is not a model list gives False, never an exception.
+    """
+    if not isinstance(models_payload, Mapping):
+        return False
+    data = models_payload.get("data")
+    if not isinstance(data, list):
+        return False
+    return any(isinstance(model, Mapping) and model.get("owned_by") == "vllm" for model in data)
+
+
+@dataclass(frozen=True)
+class ServerSnapshot:
+    """One successful read of the server's `/metrics`.
+
+    `kv_cache_usage` is a fraction (1.0 means the cache is full), None when the server exposes
+    neither KV-cache gauge. `sampled_at` is the wall-clock time of the read (`time.time()`);
+    the age is measured on the monotonic clock, so a wall-clock step does not distort it.
+    """
+
+    num_requests_waiting: int
+    num_requests_running: int
+    kv_cache_usage: float | None
+    sampled_at: float
+    monotonic: float = field(repr=False, compare=False)
+    attributes: Mapping[str, AttributeValue] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def age(self) -> float:
+        """Seconds since the read."""
+        return max(0.0, time.monotonic() - self.monotonic)
+
+
+class _Sampler:
+    """The state the sampling thread shares with its `ServerMetrics`; it never refers back to it,
+    so a `ServerMetrics` nobody holds any more can be collected (which stops the thread)."""
+
+    def __init__(self, metrics_url: str, address: str, port: int, interval: float, timeout: float) -> None:
+        self.metrics_url = metrics_url
+        self.interval = interval
+        self.timeout = timeout
+        self.gauge_attributes: dict[str, AttributeValue] = {
+            names.SERVER_ADDRESS: address,
+            names.SERVER_PORT: port,
+        }
+        self.snapshot: ServerSnapshot | None = None  # replaced whole, so readers need no lock
+        self.healthy = False  # whether the latest attempt succeeded
+        self.sampled = threading.Condition()
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+        self._in_outage = False
+
+    # --- the thread -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        import httpx
+        from opentelemetry import context
+
+        # The sampler's own GETs are not the application's traffic: keep OpenTelemetry's HTTP
+        # instrumentations (if the app installed any) from tracing them.
+        context.attach(
+            context.set_value(
+                context._SUPPRESS_HTTP_INSTRUMENTATION_KEY,
+                True,
+                context.set_value(context._SUPPRESS_INSTRUMENTATION_KEY, True),
+            )
+        )
+        # A bare transport rather than an httpx.Client: a client logs every request at INFO,
+        # which would put a line in the app's logs every interval.
+        with httpx.HTTPTransport(retries=0) as transport:
+            while not self.stopping.is_set():
+                started = time.monotonic()
+                self.sample_once(transport)
+                remaining = started + self.interval - time.monotonic()
+                self.stopping.wait(max(remaining, 0.0))
+
+    def sample_once(self, transport: Any) -> None:
+        try:
+            text = self._fetch(transport)
+            snapshot = _parse(text)
+        except Exception as error:  # whatever went wrong, the thread carries on
+            self._failed(error)
+            return
+        self.snapshot = snapshot
+        self.healthy = True
+        if self._in_outage:
+            self._in_outage = False
+            logger.info("llmspans: vLLM metrics at %s are readable again", self.metrics_url)
+        with self.sampled:
+            self.sampled.notify_all()
+
+    def _fetch(self, transport: Any) -> str:
+        import httpx
+
+        request = httpx.Request(
+            "GET", self.metrics_url, headers={"accept": _ACCEPT},
+            extensions={"timeout": httpx.Timeout(self.timeout).as_dict()},
+        )  # fmt: skip
+        response = transport.handle_request(request)
+        try:
+            if response.status_code != 200:
+                raise _NotMetrics(f"HTTP {response.status_code}")
+            body = bytearray()
+            for piece in response.stream:
+                body += piece
+                if len(body) > _MAX_BODY_BYTES:
+                    raise _NotMetrics(f"body larger than {_MAX_BODY_BYTES} bytes")
+        finally:
+            response.close()
+        return body.decode("utf-8", errors="replace")
+
+    def _failed(self, error: BaseException) -> None:
+        self.healthy = False
+        reason = str(error) or type(error).__name__
+        if not self._in_outage:
+            self._in_outage = True
+            logger.warning(
+                "llmspans: cannot read vLLM metrics from %s (%s); span attributes keep the last sample, "
+                "retrying every %gs",
+                self.metrics_url, reason, self.interval,
+            )  # fmt: skip
+        else:
+            logger.debug("llmspans: vLLM metrics still unreadable at %s (%s)", self.metrics_url, reason)
+
+    # --- control ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        thread = threading.Thread(target=self.run, name="llmspans-vllm-metrics", daemon=True)
+        self.thread = thread
+        with _live_lock:
+            _live.add(self)
+        thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it: at most one request's timeouts plus a little."""
+        self.stopping.set()
+        with _live_lock:
+            _live.discard(self)
+        with self.sampled:
+            self.sampled.notify_all()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=4 * self.timeout + 1.0)
+
+
+class _NotMetrics(Exception):
+    """The endpoint answered, but not with vLLM's metrics."""
+
+
+def _parse(text: str) -> ServerSnapshot:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in _WANTED:
+            continue
+        combine = _WANTED[family.name]
+        for sample in family.samples:
+            if sample.name != family.name or math.isnan(sample.value):
+                continue
+            previous = totals.get(family.name)
+            totals[family.name] = sample.value if previous is None else combine(previous, sample.value)
+    waiting = totals.get(names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING)
+    running = totals.get(names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING)
+    if waiting is None or running is None:
+        raise _NotMetrics(
+            f"no {names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING} / {names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING} "
+            "gauges: is this a vLLM server?"
+        )
+    kv_cache = totals.get(
+        names.PROMETHEUS_VLLM_KV_CACHE_USAGE, totals.get(names.PROMETHEUS_VLLM_GPU_CACHE_USAGE)
+    )
+    attributes: dict[str, AttributeValue] = {
+        names.VLLM_NUM_REQUESTS_WAITING: round(waiting),
+        names.VLLM_NUM_REQUESTS_RUNNING: round(running),
+    }
+    if kv_cache is not None:
+        attributes[names.VLLM_KV_CACHE_USAGE] = kv_cache
+    return ServerSnapshot(
+        num_requests_waiting=round(waiting),
+        num_requests_running=round(running),
+        kv_cache_usage=kv_cache,
+        sampled_at=time.time(),
+        monotonic=time.monotonic(),
+        attributes=attributes,
+    )
+
+
+def _add(a: float, b: float) -> float:
+    return a + b
+
+
+_WANTED: dict[str, Callable[[float, float], float]] = {
+    names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING: _add,
+    names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING: _add,
+    names.PROMETHEUS_VLLM_KV_CACHE_USAGE: max,
+    names.PROMETHEUS_VLLM_GPU_CACHE_USAGE: max,
+}
+
+_live: set[_Sampler] = set()
+_live_lock = threading.Lock()
+
+
+def _fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]]:
+    """The latest sample of every running sampler whose latest attempt succeeded, with its gauge
+    attributes; what llmspans' observable gauges report (see `llmspans._metrics`)."""
+    with _live_lock:
+        samplers: Iterable[_Sampler] = list(_live)
+    readings: list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]] = []
+    for sampler in samplers:
+        snapshot = sampler.snapshot
+        if snapshot is not None and sampler.healthy:
+            readings.append((snapshot, sampler.gauge_attributes))
+    return readings
+
+
+def _metrics_url(base_url: str) -> tuple[str, str, int]:
+    """`/metrics` at the server root (a trailing `/v1` is the OpenAI API's, not the server's)."""
+    parts = urllib.parse.urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"base_url must be an http(s) URL such as 'http://127.0.0.1:8000/v1', got {base_url!r}"
+        )
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ValueError(f"base_url has an invalid port: {base_url!r}") from None
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, path + "/metrics", "", ""))
+    return url, parts.hostname, port
+
+
+def _seconds(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+class ServerMetrics:
+    """Samples a vLLM server's `/metrics` in one background thread; see the module docstring.
+
+    `base_url` is the server root or its OpenAI `/v1` URL (`http://host:8000/v1`). Sampling
+    starts at once; the first sample arrives within `timeout` of construction when the server
+    is up. `interval` is the time between the starts of two reads, `timeout` bounds each phase
+    of one read (connect, send, receive).
+    """
+
+    def __init__(self, base_url: str, *, interval: float = 1.0, timeout: float = 0.5) -> None:
+        if not isinstance(base_url, str):
+            raise TypeError(f"base_url must be a str such as 'http://127.0.0.1:8000/v1', got {base_url!r}")
+        metrics_url, address, port = _metrics_url(base_url)
+        interval = _seconds(interval, "interval")
+        timeout = _seconds(timeout, "timeout")
+        try:
+            import prometheus_client.parser  # noqa: F401
+        except ImportError as error:
+            raise ImportError(_INSTALL_HINT) from error
+        self._sampler = _Sampler(metrics_url, address, port, interval, timeout)
+        self._closed = False
+        self._sampler.start()
+        self._finalizer = weakref.finalize(self, _Sampler.stop, self._sampler)
+
+    @property
+    def metrics_url(self) -> str:
+        """The URL read: `/metrics` at the server root."""
+        return self._sampler.metrics_url
+
+    @property
+    def interval(self) -> float:
+        return self._sampler.interval
+
+    @property
+    def timeout(self) -> float:
+        return self._sampler.timeout
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def snapshot(self) -> ServerSnapshot | None:
+        """The latest successful sample, however old; None before the first one or after `close()`."""
+        return None if self._closed else self._sampler.snapshot
+
+    def span_attributes(self) -> dict[str, AttributeValue]:
+        """The latest sample as call-span attributes, with `vllm.metrics.age` in seconds.
+
+        `{}` before the first sample and after `close()`. No I/O and no lock: cheap enough
+        to call as each call is admitted.
+        """
+        snapshot = self.snapshot
+        if snapshot is None:
+            return {}
+        attributes = dict(snapshot.attributes)
+        attributes[names.VLLM_METRICS_AGE] = max(0.0, time.monotonic() - snapshot.monotonic)
+        return attributes
+
+    def wait_for_sample(self, timeout: float) -> bool:
+        """Block until a sample newer than this call exists (True) or `timeout` seconds pass (False).
+
+        For start-up and tests; the instrumentation itself never waits.
+        """
+        timeout = _seconds(timeout, "timeout")
+        sampler = self._sampler
+        since = time.monotonic()
+
+        def fresh() -> bool:
+            snapshot = sampler.snapshot
+            return self._closed or (snapshot is not None and snapshot.monotonic >= since)
+
+        with sampler.sampled:
+            sampler.sampled.wait_for(fresh, timeout)
+        return not self._closed and fresh()
+
+    def close(self) -> None:
+        """Stop sampling and wait for the thread to end; harmless to call again."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> ServerMetrics:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"every {self.interval:g}s"
+        return f"<ServerMetrics {self.metrics_url} {state}>"

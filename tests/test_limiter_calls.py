@@ -1,0 +1,186 @@
+"""A limiter admitting LLM calls: the queue bucket, the admitted event and the limiter attributes."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+import llmspans
+from llmspans import _names as names
+from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.testing import Captured
+from tests.timing import retry_timing
+
+HOLD = 0.1
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def server() -> Iterator[SimulatedServer]:
+    with SimulatedServer(Behavior(header_delay=HOLD, chunks=2)) as running:
+        yield running
+
+
+def calls(captured: Captured) -> list[Any]:
+    return sorted(
+        (s for s in captured.spans if (s.attributes or {}).get(names.STAGE) == "llm"),
+        key=lambda s: s.start_time,
+    )
+
+
+@retry_timing
+async def test_cap_two_six_calls_wait_in_fifo_order(server: SimulatedServer, captured: Captured) -> None:
+    limiter = llmspans.Limiter(2, name="interactive")
+    client = llmspans.instrument(
+        openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0), limiter=limiter
+    )
+    await client.chat.completions.create(model="warm", messages=MESSAGES)
+    captured.clear()
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, limiter.in_flight)
+            await asyncio.sleep(0.002)
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.gather(
+        *(client.chat.completions.create(model=f"m{i}", messages=MESSAGES) for i in range(6))
+    )
+    watcher.cancel()
+    assert peak <= 2
+    spans = calls(captured)
+    assert [s.attributes[names.GEN_AI_REQUEST_MODEL] for s in spans] == [f"m{i}" for i in range(6)]
+    admitted = sorted(
+        spans, key=lambda s: next(e.timestamp for e in s.events if e.name == names.EVENT_ADMITTED)
+    )
+    assert [s.attributes[names.GEN_AI_REQUEST_MODEL] for s in admitted] == [f"m{i}" for i in range(6)]  # FIFO
+    server_hold = [
+        (r.finished_ns - r.arrived_ns) * 1e-9 for r in sorted(server.requests, key=lambda r: r.arrived_ns)
+    ]
+    for index, span in enumerate(spans):
+        queue = span.attributes[names.BUCKET_PREFIX + "queue"]
+        expected = (index // 2) * HOLD
+        # the wait is the holds of the calls ahead, each a little longer than HOLD on the client side
+        assert expected - 0.002 <= queue <= expected + (index // 2) * 0.015 + 0.01, (index, queue)
+        assert span.attributes[names.LIMITER_NAME] == "interactive"
+        assert span.attributes[names.LIMITER_CAP] == 2
+        total = sum(span.attributes[a] for a in names.BUCKET_ATTRIBUTES)
+        assert total == pytest.approx((span.end_time - span.start_time) * 1e-9, abs=2e-6)
+    assert min(server_hold) >= HOLD - 0.001
+    assert [s.attributes[names.LIMITER_QUEUE_DEPTH] for s in spans] == [0, 0, 0, 1, 2, 3]
+    assert limiter.in_flight == 0
+
+
+def test_sync_client_admits_through_the_limiter(server: SimulatedServer, captured: Captured) -> None:
+    limiter = llmspans.Limiter(1, name="batch")
+    client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="k"), limiter=limiter)
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    (span,) = calls(captured)
+    assert span.attributes[names.LIMITER_NAME] == "batch"
+    assert any(e.name == names.EVENT_ADMITTED for e in span.events)
+    assert limiter.in_flight == 0
+
+
+def test_a_stream_holds_its_slot_until_it_ends(server: SimulatedServer, captured: Captured) -> None:
+    server.default = Behavior(chunks=3)
+    limiter = llmspans.Limiter(1)
+    client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="k"), limiter=limiter)
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    next(stream)
+    assert limiter.in_flight == 1
+    list(stream)
+    assert limiter.in_flight == 0
+    abandoned = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    next(abandoned)
+    del abandoned
+    gc.collect()
+    assert limiter.in_flight == 0  # garbage collection hands the slot back too
+
+
+async def test_cancelled_and_timed_out_waiters_leak_no_slot(
+    server: SimulatedServer, captured: Captured
+) -> None:
+    limiter = llmspans.Limiter(1, name="lane")
+    client = llmspans.instrument(
+        openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0), limiter=limiter
+    )
+    holder = asyncio.create_task(client.chat.completions.create(model="holder", messages=MESSAGES))
+    await asyncio.sleep(0.02)
+    waiter = asyncio.create_task(client.chat.completions.create(model="cancelled", messages=MESSAGES))
+    await asyncio.sleep(0.02)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    timed = llmspans.instrument(
+        openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0),
+        limiter=llmspans.Limiter(1, name="strict", timeout=0.01),
+    )
+    await holder
+    assert limiter.in_flight == 0
+    assert limiter.queue_depth == 0
+    started = asyncio.get_running_loop().time()
+    await client.chat.completions.create(model="next", messages=MESSAGES)  # admitted at once
+    assert asyncio.get_running_loop().time() - started < HOLD + 0.05
+    by_model = {s.attributes[names.GEN_AI_REQUEST_MODEL]: s for s in calls(captured)}
+    cancelled = by_model["cancelled"]
+    assert cancelled.attributes[names.ERROR_TYPE] == "CancelledError"
+    assert names.LIMITER_NAME not in cancelled.attributes  # never admitted
+    assert by_model["next"].attributes[names.BUCKET_PREFIX + "queue"] < 0.01
+    strict = timed._llmspans_instrumentation.settings.limiter  # type: ignore[attr-defined]
+    slot = strict.acquire()
+    with pytest.raises(llmspans.LimiterTimeout, match="strict"):
+        await timed.chat.completions.create(model="timeout", messages=MESSAGES)
+    slot.release()
+    timeout_span = next(s for s in calls(captured) if s.attributes[names.GEN_AI_REQUEST_MODEL] == "timeout")
+    assert timeout_span.attributes[names.ERROR_TYPE] == "LimiterTimeout"
+
+
+def test_bad_limiter_argument() -> None:
+    with pytest.raises(TypeError, match=r"llmspans\.Limiter"):
+        llmspans.instrument(openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k"), limiter=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("library", ["httpx", "httpx2"])
+async def test_plain_async_client_admits_through_the_limiter(
+    server: SimulatedServer, captured: Captured, library: str
+) -> None:
+    import importlib
+
+    module = importlib.import_module(library)
+    limiter = llmspans.Limiter(1, name="plain")
+    async with module.AsyncClient(base_url=server.base_url) as client:
+        llmspans.instrument(client, limiter=limiter)
+        body = {"model": "m", "messages": MESSAGES}
+        first, second = await asyncio.gather(
+            client.post("/chat/completions", json=body), client.post("/chat/completions", json=body)
+        )
+        assert first.status_code == second.status_code == 200
+    queues = sorted(s.attributes[names.BUCKET_PREFIX + "queue"] for s in calls(captured))
+    assert queues[0] < 0.005
+    assert HOLD - 0.002 <= queues[1] <= HOLD + 0.03
+    assert all(s.attributes[names.LIMITER_NAME] == "plain" for s in calls(captured))
+    assert limiter.in_flight == 0
+
+
+def test_plain_sync_client_limiter_timeout_raises_and_ends_the_span(
+    server: SimulatedServer, captured: Captured
+) -> None:
+    import httpx
+
+    limiter = llmspans.Limiter(1, name="sync-plain", timeout=0.01)
+    held = limiter.acquire()
+    with httpx.Client(base_url=server.base_url) as client:
+        llmspans.instrument(client, limiter=limiter)
+        with pytest.raises(llmspans.LimiterTimeout):
+            client.post("/chat/completions", json={"model": "m", "messages": MESSAGES})
+    held.release()
+    (span,) = calls(captured)
+    assert span.attributes[names.ERROR_TYPE] == "LimiterTimeout"
+    assert server.requests == []
