@@ -171,6 +171,8 @@ class CallRecord:
     def hold(self, admission: Admission) -> None:
         """Admitted by a limiter: the call keeps its slot until it is over (a stream's end, not its headers)."""
         self.on_release = admission.release
+        # The lane is the limiter's name, on the call's metrics as well as its span.
+        self.metric_attributes[names.LIMITER_NAME] = admission.name
         self.admitted(admission.admitted_ns, admission.attributes())
         self.stamp_server_state()
 

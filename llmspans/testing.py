@@ -38,6 +38,8 @@ class MetricPoint:
     sum: float | None = None
     bucket_counts: Sequence[int] = ()
     explicit_bounds: Sequence[float] = ()
+    unit: str = ""
+    kind: str = ""  # "histogram", "sum" (counters) or "gauge"
 
 
 class Captured:
@@ -74,15 +76,23 @@ class Captured:
                 for metric in scope_metrics.metrics:
                     if name is not None and metric.name != name:
                         continue
+                    kind = type(metric.data).__name__.lower()
+                    unit = metric.unit or ""
                     for point in metric.data.data_points:
                         attributes = dict(point.attributes or {})
                         if isinstance(point, HistogramDataPoint):
-                            points.append(MetricPoint(
-                                metric.name, attributes, count=point.count, sum=point.sum,
-                                bucket_counts=tuple(point.bucket_counts), explicit_bounds=tuple(point.explicit_bounds),
-                            ))  # fmt: skip
+                            points.append(
+                                MetricPoint(
+                                    metric.name, attributes, count=point.count, sum=point.sum,
+                                    bucket_counts=tuple(point.bucket_counts),
+                                    explicit_bounds=tuple(point.explicit_bounds), unit=unit, kind=kind,
+                                )
+                            )  # fmt: skip
                         else:
-                            points.append(MetricPoint(metric.name, attributes, value=point.value))  # type: ignore[union-attr]
+                            value = point.value  # type: ignore[union-attr]
+                            points.append(
+                                MetricPoint(metric.name, attributes, value=value, unit=unit, kind=kind)
+                            )
         return points
 
     def clear(self) -> None:

@@ -184,3 +184,14 @@ def test_plain_sync_client_limiter_timeout_raises_and_ends_the_span(
     (span,) = calls(captured)
     assert span.attributes[names.ERROR_TYPE] == "LimiterTimeout"
     assert server.requests == []
+
+
+def test_the_lane_labels_the_call_metrics(server: SimulatedServer, captured: Captured) -> None:
+    client = llmspans.instrument(
+        openai.OpenAI(base_url=server.base_url, api_key="k"), limiter=llmspans.Limiter(4, name="batch")
+    )
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    for metric in (names.METRIC_OPERATION_DURATION, names.METRIC_BUCKET_DURATION, names.METRIC_TOKEN_USAGE):
+        points = captured.metric_points(metric)
+        assert points
+        assert {p.attributes[names.LIMITER_NAME] for p in points} == {"batch"}

@@ -47,3 +47,11 @@ def test_capture_clear_forgets_spans_and_metric_points(llmspans_capture: llmspan
     assert llmspans_capture.metric_points() == []
     unit()
     assert llmspans_capture.metric_points("llmspans.stage.duration")[0].count == 1
+
+
+def test_metric_points_carry_unit_and_kind(llmspans_capture: llmspans.testing.Captured) -> None:
+    llmspans.stage("unit", budget=1)(lambda: None)()
+    (duration,) = llmspans_capture.metric_points("llmspans.stage.duration")
+    assert (duration.unit, duration.kind) == ("s", "histogram")
+    (budget,) = llmspans_capture.metric_points("llmspans.stage.budget")
+    assert (budget.unit, budget.kind, budget.value) == ("s", "gauge", 1.0)
