@@ -14,6 +14,7 @@ import llmspans
 from llmspans import _budget
 from llmspans import _names as names
 from llmspans.testing import Captured
+from tests.timing import retry_timing
 
 
 def attrs(captured: Captured, name: str) -> dict[str, object]:
@@ -218,6 +219,7 @@ async def test_async_generator_abandoned_in_another_task_ends_its_span(captured:
     assert len(captured.spans) == 1
 
 
+@retry_timing
 async def test_cancel_on_exceed_stops_the_work_at_the_budget(captured: Captured) -> None:
     reached_end = False
 
@@ -241,6 +243,7 @@ async def test_cancel_on_exceed_stops_the_work_at_the_budget(captured: Captured)
     assert span_attrs[names.ERROR_TYPE] == "BudgetExceeded"
 
 
+@retry_timing
 async def test_cancel_on_exceed_returns_the_fallback(captured: Captured) -> None:
     @llmspans.stage("slow_tool", budget=0.05, on_exceed="cancel", fallback="cached answer")
     async def slow() -> str:

@@ -13,8 +13,9 @@ def retry_timing(test: Any) -> Any:
     fails every run. Fixtures are reused; the records are cleared between runs."""
 
     def reset(kwargs: dict[str, Any]) -> None:
-        kwargs["captured"].clear()
-        kwargs["server"].clear()
+        for fixture in ("captured", "server"):
+            if fixture in kwargs:
+                kwargs[fixture].clear()
 
     if inspect.iscoroutinefunction(test):
 

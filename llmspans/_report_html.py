@@ -1,0 +1,234 @@
+"""The report as one self-contained HTML page: inline CSS and SVG, no script, nothing fetched.
+
+Three charts: a stacked bar of a request's parts at p50, p95 and p99 (one segment per part,
+every LLM bucket included even when it is zero), each stage's distribution against its
+budget line, and a waterfall of the slowest traces with the LLM calls split into buckets.
+Elements carry `data-*` attributes (part, quantile, stage, budget, trace id) so tests and
+other tools can read the rendered page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+
+from llmspans import _names as names
+from llmspans._report import KIND_BUCKET, KIND_OTHER, Part, Report, SlowTrace, StageRow, part_label
+from llmspans._report import format_seconds as seconds
+
+BUCKET_COLOURS = {
+    "queue": "#d62728",
+    "retry": "#ff7f0e",
+    "connect": "#8c564b",
+    "first_token": "#9467bd",
+    "stream": "#1f77b4",
+    "post": "#17becf",
+}
+STAGE_COLOURS = ("#2ca02c", "#98df8a", "#bcbd22", "#dbdb8d", "#7f7f7f", "#c7c7c7", "#e377c2", "#f7b6d2")
+UNMARKED_COLOUR = "#eeeeee"
+_CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 980px; color: #222; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; }
+.meta { color: #666; margin: 0; } .simulated { color: #b00; font-weight: 600; }
+.triage { background: #f6f6f6; border-left: 4px solid #d62728; padding: 8px 14px; }
+.triage.within { border-left-color: #2ca02c; }
+.legend { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 6px 16px; margin: 6px 0; }
+.swatch { display: inline-block; width: 12px; height: 12px; margin-right: 5px; vertical-align: -1px; }
+svg text { font: 12px system-ui, sans-serif; fill: #333; } svg .small { font-size: 11px; fill: #666; }
+.budget-line { stroke: #d62728; stroke-width: 2; stroke-dasharray: 4 3; }
+.box { fill: #9ecae1; stroke: #3182bd; } .whisker { stroke: #3182bd; stroke-width: 1.5; }
+.axis { stroke: #bbb; } .over { fill: #d62728; }
+table { border-collapse: collapse; } td, th { padding: 2px 10px; text-align: right; }
+td:first-child, th:first-child { text-align: left; }
+"""
+
+
+def _colours(parts: Sequence[Part]) -> dict[tuple[str, str], str]:
+    colours: dict[tuple[str, str], str] = {}
+    stage_index = 0
+    for part in parts:
+        if part.kind == KIND_BUCKET:
+            colours[(part.kind, part.name)] = BUCKET_COLOURS.get(part.name, "#999999")
+        elif part.kind == KIND_OTHER:
+            colours[(part.kind, part.name)] = UNMARKED_COLOUR
+        else:
+            colours[(part.kind, part.name)] = STAGE_COLOURS[stage_index % len(STAGE_COLOURS)]
+            stage_index += 1
+    return colours
+
+
+def _stacked(report: Report, colours: dict[tuple[str, str], str]) -> str:
+    parts = report.parts
+    width, label_w, total_w, bar_h, gap = 900, 44, 70, 30, 14
+    plot_w = width - label_w - total_w
+    totals = {q: sum(part.per_trace.at(q) for part in parts) for q in (0.5, 0.95, 0.99)}
+    scale = plot_w / max(max(totals.values()), 1e-9)
+    height = 3 * (bar_h + gap)
+    out = [
+        f'<svg class="stacked" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">'
+    ]
+    for row, q in enumerate((0.5, 0.95, 0.99)):
+        name = f"p{round(q * 100)}"
+        y = row * (bar_h + gap)
+        out.append(f'<g class="bar" data-quantile="{name}">')
+        out.append(f'<text x="0" y="{y + bar_h / 2 + 4}">{name}</text>')
+        x = float(label_w)
+        for part in parts:
+            value = part.per_trace.at(q)
+            w = value * scale
+            out.append(
+                f'<rect class="segment" data-part="{escape(part.kind)}:{escape(part.name)}" '
+                f'data-kind="{escape(part.kind)}" data-name="{escape(part.name)}" data-seconds="{value:.6f}" '
+                f'x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{colours[(part.kind, part.name)]}">'
+                f"<title>{escape(part.label)} at {name}: {seconds(value)}</title></rect>"
+            )
+            x += w
+        out.append(f'<text class="total" x="{x + 6:.2f}" y="{y + bar_h / 2 + 4}">{seconds(totals[q])}</text>')
+        out.append("</g>")
+    out.append("</svg>")
+    legend = "".join(
+        f'<li><span class="swatch" style="background:{colours[(part.kind, part.name)]}"></span>'
+        f"{escape(part.label)}</li>"
+        for part in parts
+    )
+    return "\n".join(out) + f'\n<ul class="legend">{legend}</ul>'
+
+
+def _stage_chart(row: StageRow) -> str:
+    width, label_w, right_w, height = 900, 110, 250, 40
+    plot_w = width - label_w - right_w
+    top = max(row.durations.max, row.budget or 0.0, 1e-9) * 1.08
+    scale = plot_w / top
+
+    def at(value: float) -> float:
+        return label_w + value * scale
+
+    d = row.durations
+    y_mid = (height - 10) / 2
+    parts = [
+        f'<svg class="stage-dist" data-stage="{escape(row.stage)}" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}">',
+        f'<text x="0" y="{y_mid + 4}">{escape(row.stage)}</text>',
+        f'<line class="axis" x1="{label_w}" x2="{label_w + plot_w}" y1="{height - 8}" y2="{height - 8}"/>',
+        f'<text class="small" x="{label_w}" y="{height}">0</text>',
+        f'<text class="small" x="{label_w + plot_w}" y="{height}" text-anchor="end">{seconds(top)}</text>',
+        f'<line class="whisker" x1="{at(d.p95):.2f}" x2="{at(d.max):.2f}" y1="{y_mid}" y2="{y_mid}"/>',
+        f'<rect class="box" data-from="{d.p50:.6f}" data-to="{d.p95:.6f}" x="{at(d.p50):.2f}" y="{y_mid - 9}" '
+        f'width="{max(1.0, (d.p95 - d.p50) * scale):.2f}" height="18"><title>p50 {seconds(d.p50)} to p95 '
+        f"{seconds(d.p95)}</title></rect>",
+        f'<line class="whisker p99" x1="{at(d.p99):.2f}" x2="{at(d.p99):.2f}" y1="{y_mid - 7}" y2="{y_mid + 7}">'
+        f"<title>p99 {seconds(d.p99)}</title></line>",
+        f'<circle class="max{" over" if row.budget is not None and d.max > row.budget else ""}" '
+        f'cx="{at(d.max):.2f}" cy="{y_mid}" r="3"><title>max {seconds(d.max)}</title></circle>',
+    ]
+    if row.budget is not None:
+        parts.append(
+            f'<line class="budget-line" data-stage="{escape(row.stage)}" data-budget="{row.budget:.6f}" '
+            f'x1="{at(row.budget):.2f}" x2="{at(row.budget):.2f}" y1="2" y2="{height - 2}">'
+            f"<title>budget {seconds(row.budget)}</title></line>"
+        )
+        summary = (
+            f"p95 {seconds(d.p95)} / budget {seconds(row.budget)}, {row.exceeded} of {row.budgeted} over"
+        )
+    else:
+        summary = f"p95 {seconds(d.p95)}, no budget"
+    parts.append(f'<text class="small" x="{label_w + plot_w + 8}" y="{y_mid + 4}">{escape(summary)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _waterfall(slow: SlowTrace, colours: dict[tuple[str, str], str]) -> str:
+    width, label_w, row_h = 900, 260, 18
+    plot_w = width - label_w - 70
+    scale = plot_w / max(slow.duration_s, 1e-9)
+    height = row_h * len(slow.rows) + 6
+    out = [
+        f'<svg class="waterfall" data-trace-id="{escape(slow.trace_id)}" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}">'
+    ]
+    for index, row in enumerate(slow.rows):
+        y = index * row_h + 2
+        x = label_w + row.offset_s * scale
+        label = ("  " * row.depth + row.name)[:40]
+        out.append(f'<g class="wf-row" data-stage="{escape(row.stage or "")}">')
+        out.append(
+            f'<text x="{4 + 10 * row.depth}" y="{y + 12}" xml:space="preserve">{escape(label.strip())}</text>'
+        )
+        if row.buckets:
+            segment_x = x
+            for bucket in names.BUCKETS:
+                value = row.buckets.get(bucket, 0.0)
+                w = value * scale
+                out.append(
+                    f'<rect class="wf-segment" data-bucket="{bucket}" x="{segment_x:.2f}" y="{y}" width="{w:.2f}" '
+                    f'height="{row_h - 4}" fill="{BUCKET_COLOURS[bucket]}"><title>{bucket}: {seconds(value)}</title></rect>'
+                )
+                segment_x += w
+        else:
+            colour = colours.get(("stage", row.stage or ""), "#bbbbbb")
+            stroke = ' stroke="#d62728"' if row.error else ""
+            out.append(
+                f'<rect class="wf-span" x="{x:.2f}" y="{y}" width="{max(1.0, row.duration_s * scale):.2f}" '
+                f'height="{row_h - 4}" fill="{colour}"{stroke}>'
+                f"<title>{escape(row.name)}: {seconds(row.duration_s)}</title></rect>"
+            )
+        out.append(
+            f'<text class="small" x="{x + max(1.0, row.duration_s * scale) + 4:.2f}" y="{y + 12}">'
+            f"{seconds(row.duration_s)}</text></g>"
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def render(report: Report) -> str:
+    """The whole page as a string (UTF-8 when written)."""
+    title = "llmspans report"
+    colours = _colours(report.parts)
+    sources = escape(", ".join(report.sources))
+    simulated = ' <span class="simulated">(simulated LLM server)</span>' if "simulated" in sources else ""
+    body = [
+        f'<h1>Where the time goes</h1><p class="meta">{report.traces} traces, {report.llm_calls} LLM calls, '
+        f"{report.spans} spans from {sources}{simulated}</p>",
+        f'<p class="meta">Quantiles: {escape(report.quantile_method)}.</p>',
+    ]
+    if not report.traces:
+        body.append("<p>No llmspans traces found: nothing to report.</p>")
+    triage = report.triage
+    if triage is not None:
+        label = part_label(triage.dominant_kind, triage.dominant)
+        notes = "".join(f"<li>{escape(note)}</li>" for note in triage.notes)
+        body.append(
+            f'<section class="triage{" within" if triage.within_budget else ""}" id="triage">'
+            f'<h2>Dominant at p95: <span class="dominant" data-part="{escape(triage.dominant_kind)}:'
+            f'{escape(triage.dominant)}" data-finding="{escape(triage.finding)}">{escape(label)}</span>, '
+            f"{seconds(triage.dominant_p95)} per request</h2><p>{escape(triage.message)}</p>"
+            + (f"<ul>{notes}</ul>" if notes else "")
+            + "</section>"
+        )
+    if report.parts:
+        body.append('<section id="parts"><h2>A request\'s time at p50, p95 and p99</h2>')
+        body.append(
+            "<p class=\"meta\">Per trace: each stage's own time and each LLM bucket summed over the trace's calls; "
+            "each bar stacks the parts' own quantiles.</p>"
+        )
+        body.append(_stacked(report, colours))
+        body.append("</section>")
+    if report.stages:
+        body.append('<section id="stages"><h2>Each stage against its budget</h2>')
+        body.append('<p class="meta">Box: p50 to p95; tick: p99; dot: max; dashed red line: the budget.</p>')
+        body.extend(_stage_chart(row) for row in report.stages)
+        body.append("</section>")
+    if report.slowest:
+        body.append('<section id="slowest"><h2>The slowest traces</h2>')
+        for slow in report.slowest:
+            label = part_label(slow.dominant_kind, slow.dominant)
+            body.append(
+                f'<h3 class="meta">{seconds(slow.duration_s)}: trace <code>{escape(slow.trace_id)}</code>, '
+                f"dominant {escape(label)} ({seconds(slow.dominant_s)})</h3>"
+            )
+            body.append(_waterfall(slow, colours))
+        body.append("</section>")
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )

@@ -1,0 +1,128 @@
+"""`llmspans demo`: each scenario's injected bottleneck is the one the report names, and nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmspans import _names as names
+from llmspans._demo import SCENARIOS, run
+from llmspans._report import analyse
+from llmspans._report_input import spans_of_readable
+from llmspans.testing import Captured
+
+# Enough turns for a p95 that is not simply the max (nearest rank 19 of 20), few enough for seconds.
+REQUESTS = 20
+CONCURRENCY = 4
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_the_report_names_the_injected_bottleneck_and_no_other(name: str, captured: Captured) -> None:
+    scenario = SCENARIOS[name]
+    result = run(scenario, requests=REQUESTS, concurrency=CONCURRENCY, seed=11)
+    assert result.turns == REQUESTS
+    report = analyse(spans_of_readable(captured.spans))
+    assert (report.traces, report.llm_calls) == (REQUESTS, REQUESTS)
+    triage = report.triage
+    assert triage is not None
+    assert triage.finding == scenario.expected, triage.message
+    assert triage.within_budget is scenario.expected_within_budget, triage.message
+    # No other part comes close: the dominant part's p95 is at least 1.5x the next one's.
+    others = sorted(
+        (
+            part.per_trace.p95
+            for part in report.parts
+            if (part.kind, part.name) != (triage.dominant_kind, triage.dominant)
+        ),
+        reverse=True,
+    )
+    assert triage.dominant_p95 >= 1.5 * others[0], (triage.dominant, report.parts)
+    # The two queue scenarios differ by gap_fraction: a backlog at the cap, or slots sitting idle.
+    (limiter,) = report.limiters
+    assert limiter.cap == scenario.cap(CONCURRENCY)
+    if name == "queue":
+        assert limiter.backlog_s > 0.5 * limiter.window_s
+        assert limiter.gap_fraction < 0.05
+    elif name == "stalled-scheduler":
+        assert limiter.backlog_s > 0.5 * limiter.window_s
+        assert limiter.gap_fraction > 0.9
+    else:
+        assert limiter.backlog_s < 0.01 * limiter.window_s
+    # Budgets exceeded, counted exactly: the report's counts are the spans' own flags.
+    for row in report.stages:
+        flagged = [
+            span for span in captured.spans
+            if span.attributes and span.attributes.get(names.STAGE) == row.stage
+            and span.attributes.get(names.BUDGET_EXCEEDED) is True
+        ]  # fmt: skip
+        assert row.exceeded == len(flagged), row.stage
+        assert (
+            row.budgeted
+            == row.durations.count
+            == sum(
+                1
+                for span in captured.spans
+                if span.attributes and span.attributes.get(names.STAGE) == row.stage
+            )
+        )
+
+
+def test_the_plain_httpx_client_gives_the_same_picture(captured: Captured) -> None:
+    result = run(SCENARIOS["slow-decode"], requests=8, concurrency=CONCURRENCY, seed=3, client="httpx")
+    assert result.client == "httpx"
+    triage = analyse(spans_of_readable(captured.spans)).triage
+    assert triage is not None
+    assert triage.finding == "stream"
+
+
+def test_retries_need_a_client_that_retries() -> None:
+    with pytest.raises(ValueError, match="needs the openai SDK's retry loop"):
+        run(SCENARIOS["retries"], requests=2, client="httpx")
+
+
+def test_the_default_demo_command_writes_the_traces_file_and_reports_on_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLMSPANS_"))}
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "llmspans", "demo"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert elapsed < 30
+    out = " ".join(result.stdout.split())  # lines are wrapped at 100 columns
+    assert max(len(line) for line in result.stdout.splitlines()) <= 100
+    assert "SIMULATED OpenAI-compatible server" in out
+    assert "Dominant at p95: stream (llm bucket)" in out
+    assert "within budget" in out
+    assert "40/40 turns" in result.stderr  # the progress bar
+    traces_file = tmp_path / names.DEFAULT_TRACES_FILE
+    assert f"spans written to {traces_file}" in out
+    again = subprocess.run(
+        [sys.executable, "-m", "llmspans", "report", "--service", "llmspans-demo-healthy", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    reread = json.loads(again.stdout)
+    assert (reread["traces"], reread["llm_calls"]) == (40, 40)
+    assert reread["triage"]["dominant"] == "stream"
+
+
+def test_demo_json_keeps_stdout_a_single_document(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLMSPANS_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "llmspans", "demo", "--scenario", "slow-tool", "--requests", "8", "--json",
+         "--html", str(tmp_path / "demo.html")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["triage"]["dominant"] == "tool"
+    assert "SIMULATED" in result.stderr
+    assert "simulated LLM server" in (tmp_path / "demo.html").read_text()

@@ -1,0 +1,584 @@
+"""The report: figures checked against hand-built timelines, the recorded file and Jaeger fixtures,
+bad input, and the HTML page as headless Chromium renders it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from llmspans import _names as names
+from llmspans.__main__ import main
+from llmspans._report import (
+    FINDING_QUEUE,
+    FINDING_STALLED,
+    Distribution,
+    Report,
+    analyse,
+    quantile,
+)
+from llmspans._report_html import render as render_html
+from llmspans._report_input import JAEGER_TRACES_PATH, read_files, spans_of_document
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RECORDED = [FIXTURES / "embedded-default.jsonl", FIXTURES / "vllm-server.jsonl"]
+JAEGER_RESPONSE = FIXTURES / "jaeger-find-traces.json"
+SERVICE = "llmspans-demo-queue"
+MS = 1_000_000  # nanoseconds
+
+
+# --- building OTLP JSON by hand ------------------------------------------------------------------
+
+
+def _value(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, list):
+        return {"arrayValue": {"values": [_value(item) for item in value]}}
+    return {"stringValue": str(value)}
+
+
+class Trace:
+    """Spans of one trace in OTLP JSON, times in milliseconds from an arbitrary epoch."""
+
+    counter = 0
+
+    def __init__(self) -> None:
+        Trace.counter += 1
+        self.trace_id = f"{Trace.counter:032x}"
+        self.spans: list[dict[str, Any]] = []
+
+    def span(
+        self, name: str, start_ms: float, end_ms: float, parent: str | None = None, kind: int = 1,
+        events: dict[str, float] | None = None, error: bool = False, **attributes: Any,
+    ) -> str:  # fmt: skip
+        span_id = f"{len(self.spans) + 1:04x}{Trace.counter:012x}"
+        self.spans.append({
+            "traceId": self.trace_id, "spanId": span_id, "parentSpanId": parent or "", "name": name, "kind": kind,
+            "startTimeUnixNano": str(int(start_ms * MS)), "endTimeUnixNano": str(int(end_ms * MS)),
+            "attributes": [{"key": k.replace("__", "."), "value": _value(v)} for k, v in attributes.items()],
+            "events": [{"name": e, "timeUnixNano": str(int(t * MS))} for e, t in (events or {}).items()],
+            "status": {"code": 2} if error else {},
+        })  # fmt: skip
+        return span_id
+
+    def call(
+        self, start_ms: float, parent: str | None = None, admitted_ms: float | None = None, **buckets: float
+    ) -> str:
+        """An LLM call span whose buckets (ms) sum to its duration."""
+        values = {bucket: buckets.get(bucket, 0.0) for bucket in names.BUCKETS}
+        end = start_ms + sum(values.values())
+        attributes = {names.STAGE: names.STAGE_LLM}
+        attributes.update({names.BUCKET_PREFIX + b: v / 1e3 for b, v in values.items()})
+        events = {names.EVENT_ADMITTED: admitted_ms} if admitted_ms is not None else None
+        return self.span("chat m", start_ms, end, parent, kind=3, events=events, **_keys(attributes))
+
+
+def _keys(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {key.replace(".", "__"): value for key, value in attributes.items()}
+
+
+def document(*traces: Trace, service: str = "app") -> dict[str, Any]:
+    return {"resourceSpans": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
+        "scopeSpans": [{"scope": {"name": "llmspans"}, "spans": [s for t in traces for s in t.spans]}],
+    }]}  # fmt: skip
+
+
+def report_of(*traces: Trace, **kwargs: Any) -> Report:
+    return analyse(spans_of_document(document(*traces)) or [], **kwargs)
+
+
+# --- the figures ------------------------------------------------------------------------------------
+
+
+def test_quantiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert [quantile(values, q) for q in (0.5, 0.95, 0.99, 1.0)] == [50.0, 95.0, 99.0, 100.0]
+    assert Distribution.of([3.0, 1.0, 2.0]) == Distribution(3, 2.0, 3.0, 3.0, 3.0)
+    assert Distribution.of([]).count == 0
+    assert quantile([1.0] * 19 + [9.0], 0.95) == 1.0  # rank ceil(19) = 19: not the max
+    assert quantile([1.0] * 19 + [9.0], 0.99) == 9.0
+
+
+def test_budgets_exceeded_are_counted_exactly_from_the_spans_and_from_overrides() -> None:
+    traces = []
+    for n in range(20):
+        trace = Trace()
+        duration = 10 + 10 * n  # 10..200 ms
+        trace.span("retrieval search", 0, duration, **_keys({
+            names.STAGE: "retrieval", names.BUDGET: 0.1, names.BUDGET_EXCEEDED: duration > 100,
+        }))  # fmt: skip
+        traces.append(trace)
+    row = report_of(*traces).stages[0]
+    assert (row.stage, row.budget, row.budgeted, row.exceeded) == ("retrieval", 0.1, 20, 10)
+    row = report_of(*traces, budgets={"retrieval": 0.15}).stages[0]
+    assert (row.budget, row.budgeted, row.exceeded) == (0.15, 20, 5)
+    assert report_of(*traces, budgets={"rerank": 0.1}).notes == (
+        "--budgets names stage 'rerank', which no span has",
+    )
+
+
+def test_gap_fraction_is_rebuilt_from_the_call_timelines() -> None:
+    # cap 1: A runs 0-10; B queued 0-12 (2 ms with a backlog and nothing in flight), runs 12-20;
+    # C queued 0-20, runs 20-30. Backlog 0-20, gap 10-12: gap_fraction 0.1.
+    trace = Trace()
+    limiter = {names.LIMITER_NAME: "lane", names.LIMITER_CAP: 1}
+    for start, admitted, end in ((0, 0, 10), (0, 12, 20), (0, 20, 30)):
+        call = trace.call(start, admitted_ms=admitted, queue=admitted - start, stream=end - admitted)
+        trace.spans[-1]["attributes"] += document_attributes(limiter)
+        del call
+    (row,) = report_of(trace).limiters
+    assert (row.name, row.cap, row.calls) == ("lane", 1, 3)
+    assert row.backlog_s == pytest.approx(0.020)
+    assert row.gap_s == pytest.approx(0.002)
+    assert row.gap_fraction == pytest.approx(0.1)
+    assert row.mean_queue_depth == pytest.approx((2 * 12 + 1 * 8) / 30)
+    assert row.max_queue_depth == 2
+    assert row.mean_in_flight == pytest.approx(28 / 30)
+
+
+def test_a_call_the_limiter_admitted_at_once_was_never_queued() -> None:
+    # The client's own set-up before acquiring (start -> admitted) is not a backlog when the limiter
+    # says the wait was 0.
+    trace = Trace()
+    trace.call(0, admitted_ms=1, queue=1, stream=10)
+    trace.spans[-1]["attributes"] += document_attributes(
+        {names.LIMITER_NAME: "lane", names.LIMITER_CAP: 1, names.LIMITER_WAIT: 0.0}
+    )
+    (row,) = report_of(trace).limiters
+    assert (row.backlog_s, row.gap_fraction) == (0.0, 0.0)
+
+
+def document_attributes(attributes: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"key": key, "value": _value(value)} for key, value in attributes.items()]
+
+
+@pytest.mark.parametrize(
+    ("bucket", "finding", "words"),
+    [
+        ("queue", FINDING_QUEUE, "queue dominates: backlog or cap too low"),
+        ("retry", "retry", "retry dominates: fix retry budgets and timeouts before concurrency"),
+        ("connect", "connect", "connect dominates: connection churn"),
+        ("first_token", "first_token", "first_token dominates: look at server queueing, connection reuse"),
+        ("stream", "stream", "stream dominates: decode speed (quantisation, kernels, speculative decoding)"),
+        ("post", "post", "post dominates: move work off the hot path"),
+    ],
+)
+def test_the_dominant_bucket_at_p95_names_its_rule(bucket: str, finding: str, words: str) -> None:
+    traces = []
+    for n in range(20):
+        trace = Trace()
+        buckets = {"first_token": 50.0, "stream": 100.0}
+        buckets[bucket] = 400.0 + n
+        trace.call(0, **buckets)
+        traces.append(trace)
+    triage = report_of(*traces).triage
+    assert triage is not None
+    assert (triage.dominant_kind, triage.dominant, triage.finding) == ("bucket", bucket, finding)
+    assert triage.message.startswith(words)
+    assert triage.dominant_p95 == pytest.approx(0.418)  # nearest rank 19 of 400..419 ms: 418
+
+
+def test_stalled_scheduler_when_calls_wait_while_slots_sit_idle() -> None:
+    trace = Trace()
+    # cap 4, never more than one call in flight, and always someone waiting.
+    for n in range(6):
+        trace.call(0, admitted_ms=100 * n, queue=100 * n, stream=100)
+        trace.spans[-1]["attributes"] += document_attributes(
+            {names.LIMITER_NAME: "chat", names.LIMITER_CAP: 4}
+        )
+    triage = report_of(trace).triage
+    assert triage is not None
+    assert (triage.dominant, triage.finding) == ("queue", FINDING_STALLED)
+    assert "gap_fraction 1.00" in triage.message
+    assert "a stalled scheduler" in triage.message
+
+
+def test_an_app_stage_dominates_with_its_own_time_not_the_llm_call_nested_in_it() -> None:
+    traces = []
+    for _ in range(5):
+        trace = Trace()
+        turn = trace.span("turn chat", 0, 1000, **_keys({names.STAGE: names.STAGE_TURN}))
+        tool = trace.span("execute_tool agent", 0, 900, turn, **_keys({names.STAGE: "tool"}))
+        trace.call(100, parent=tool, first_token=50, stream=650)  # 700 ms inside the tool
+        trace.span("retrieval search", 900, 1000, turn, **_keys({names.STAGE: "retrieval"}))
+        traces.append(trace)
+    report = report_of(*traces)
+    parts = {part.label: part.per_trace.p95 for part in report.parts}
+    assert parts["tool (stage)"] == pytest.approx(0.2)
+    assert parts["stream (llm bucket)"] == pytest.approx(0.65)
+    assert parts["unmarked time in turns"] == pytest.approx(0.0)
+    assert report.triage is not None
+    assert report.triage.dominant == "stream"
+    assert report.slowest[0].rows[2].depth == 2  # turn > tool > call
+
+
+def test_vllm_server_spans_split_first_token() -> None:
+    traces = []
+    for n in range(10):
+        trace = Trace()
+        call = trace.call(0, first_token=100.0 + n, stream=50)
+        attempt = trace.spans[-1]
+        attempt_id = trace.span("POST", 0, 150 + n, call, kind=3)
+        trace.span(names.VLLM_SERVER_SPAN, 1, 149 + n, attempt_id, kind=2, **_keys({
+            names.GEN_AI_LATENCY_TIME_IN_QUEUE: 0.06, names.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: 0.03,
+        }))  # fmt: skip
+        del attempt
+        traces.append(trace)
+    server = report_of(*traces).server
+    assert server is not None
+    assert server.calls == 10
+    assert server.server_queue.p95 == pytest.approx(0.06)
+    assert server.prefill.p95 == pytest.approx(0.03)
+    assert server.network_other.p50 == pytest.approx(0.104 - 0.09)
+    assert server.first_token.p95 == pytest.approx(0.109)
+
+
+def test_retry_amplification_and_connection_churn() -> None:
+    traces = []
+    for n in range(4):
+        trace = Trace()
+        trace.call(0, retry=300, first_token=10, stream=10)
+        attributes = {
+            names.RETRY_COUNT: n % 2, names.CONNECT_NEW: 1 + n % 2, names.RETRY_WASTED_OUTPUT_TOKENS: 3 * (n % 2),
+        }  # fmt: skip
+        if n % 2:
+            attributes[names.RETRY_CAUSES] = ["http_429"]
+        trace.spans[-1]["attributes"] += document_attributes(attributes)
+        traces.append(trace)
+    failed = Trace()
+    failed.call(0, first_token=5)
+    failed.spans[-1]["attributes"] += document_attributes({names.ERROR_TYPE: "RateLimitError", names.RETRY_COUNT: 2,
+                                                          names.RETRY_CAUSES: ["http_429", "http_503"]})  # fmt: skip
+    failed.spans[-1]["status"] = {"code": 2}
+    report = report_of(*traces, failed)
+    retries = report.retries
+    assert (retries.calls, retries.successful, retries.failed, retries.attempts) == (5, 4, 1, 9)
+    assert retries.attempts_per_success == pytest.approx(9 / 4)
+    assert retries.causes == {"http_429": 3, "http_503": 1}
+    assert retries.wasted_output_tokens == 6
+    assert retries.error_types == {"RateLimitError": 1}
+    assert report.connections.per_success == pytest.approx(6 / 4)
+    assert report.triage is not None
+    assert "2.25 attempts per success" in report.triage.message
+
+
+# --- reading: the recorded file and the recorded Jaeger answer ------------------------------------
+
+
+class _Jaeger(BaseHTTPRequestHandler):
+    """Answers `GET /api/v3/traces` like Jaeger v2: the recorded response for the recorded service, 404 else."""
+
+    queries: list[dict[str, list[str]]]
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        self.server.queries.append(query)  # type: ignore[attr-defined]
+        body = self.server.body  # type: ignore[attr-defined]
+        if url.path == JAEGER_TRACES_PATH and query.get("query.serviceName") == [SERVICE]:
+            self._send(200, body)
+        else:
+            self._send(404, b'{"error":{"httpCode":404,"message":"No traces found"}}')
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def jaeger() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Jaeger)
+    server.queries = []  # type: ignore[attr-defined]
+    server.body = JAEGER_RESPONSE.read_bytes()  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_recorded_file_and_the_recorded_jaeger_answer_give_identical_reports(
+    jaeger: ThreadingHTTPServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, from_file, _ = run_cli(capsys, "report", *map(str, RECORDED), "--service", SERVICE, "--json")
+    assert code == 0
+    url = f"http://127.0.0.1:{jaeger.server_address[1]}"
+    code, from_jaeger, err = run_cli(
+        capsys, "report", "--jaeger", url, "--service", SERVICE, "--since", "2h", "--json"
+    )
+    assert code == 0, err
+    file_report, jaeger_report = json.loads(from_file), json.loads(from_jaeger)
+    assert file_report.pop("sources") != jaeger_report.pop("sources")
+    assert file_report == jaeger_report
+    assert file_report["traces"] == 10
+    assert file_report["triage"]["dominant"] == "queue"
+    assert file_report["server"]["calls"] == 10
+    (query,) = jaeger.queries  # type: ignore[attr-defined]
+    for canonical, deprecated in (("query.serviceName", "query.service_name"),
+                                  ("query.startTimeMin", "query.start_time_min"),
+                                  ("query.startTimeMax", "query.start_time_max")):  # fmt: skip
+        assert query[canonical] == query[deprecated]
+    assert query["query.startTimeMin"][0].endswith("Z")
+
+
+def test_the_recorded_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    loaded = read_files(RECORDED)
+    assert loaded.skipped == []  # the metric lines are OTLP JSON too, just not spans
+    report = analyse(loaded.spans)
+    llm = next(row for row in report.stages if row.stage == names.STAGE_LLM)
+    calls = [span for span in loaded.spans if span.stage == names.STAGE_LLM]
+    assert llm.exceeded == sum(1 for call in calls if call.attributes[names.BUDGET_EXCEEDED])
+    assert report.server is not None
+    assert report.server.server_queue.p95 == pytest.approx(0.3 * report.server.first_token.p95)
+    assert report.server.prefill.p95 == pytest.approx(0.6 * report.server.first_token.p95)
+    (limiter,) = report.limiters
+    assert (limiter.cap, limiter.calls) == (1, 10)
+    assert limiter.gap_fraction < 0.05
+    code, out, _ = run_cli(capsys, "report", *map(str, RECORDED))
+    assert code == 0
+    assert "Dominant at p95: queue (llm bucket)" in out
+    assert "queue dominates: backlog or cap too low" in out
+    assert "first_token split by the server's llm_request spans (10 calls)" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_jaeger_404_means_no_traces_not_an_error(
+    jaeger: ThreadingHTTPServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{jaeger.server_address[1]}"
+    code, out, err = run_cli(capsys, "report", "--jaeger", url, "--service", "nobody")
+    assert (code, err) == (0, "")
+    assert "No llmspans traces found" in out
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_unreachable_jaeger_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    code, out, err = run_cli(capsys, "report", "--jaeger", url, "--service", "chat")
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1
+    assert err.startswith(f"llmspans report: cannot reach Jaeger at {url}")
+
+
+def test_jaeger_answering_something_else_is_a_one_line_error(
+    jaeger: ThreadingHTTPServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jaeger.body = b"<html>not jaeger</html>"  # type: ignore[attr-defined]
+    url = f"http://127.0.0.1:{jaeger.server_address[1]}"
+    code, _, err = run_cli(capsys, "report", "--jaeger", url, "--service", SERVICE)
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "not JSON" in err
+    jaeger.body = b'{"result": {"spans": []}}'  # type: ignore[attr-defined]
+    code, _, err = run_cli(capsys, "report", "--jaeger", url, "--service", SERVICE)
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "not OTLP JSON" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("", "empty file, no OTLP-JSON lines in it"),
+        ("\n  \n", "empty file, no OTLP-JSON lines in it"),
+        ("this is not json\n", "not OTLP JSON: line 1 is not JSON"),
+        ('{"foo": 1}\n', "not OTLP JSON: line 1 is not OTLP JSON (an object without resourceSpans"),
+        ("[1, 2]\n[3]\n", "not OTLP JSON: line 1 is not OTLP JSON (a JSON list, not an object"),
+        ('{"resourceSpans": 3}\n', "resourceSpans is not a list"),
+    ],
+)
+def test_bad_files_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, problem: str
+) -> None:
+    path = tmp_path / "traces.jsonl"
+    path.write_text(content)
+    code, out, err = run_cli(capsys, "report", str(path))
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1
+    assert err.startswith(f"llmspans report: {path}: ")
+    assert problem in err
+
+
+def test_missing_file_and_bad_arguments_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(names.ENV_TRACES_FILE, raising=False)
+    for argv, problem in (
+        (["report"], "no traces file at llmspans-traces.jsonl"),
+        (["report", "nope.jsonl"], "nope.jsonl: no such file"),
+        (["report", "--jaeger", "http://x"], "--jaeger needs --service NAME"),
+        (["report", "--since", "soon", str(RECORDED[0])], "--since must be a positive duration"),
+        (["report", "--budgets", "llm=fast", str(RECORDED[0])], "--budgets: budget for 'llm'"),
+    ):
+        code, out, err = run_cli(capsys, *argv)
+        assert (code, out, err.count("\n")) == (2, "", 1), argv
+        assert problem in err, (argv, err)
+
+
+def test_a_partly_bad_file_reports_the_skipped_lines_and_continues(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = RECORDED[0].read_text().splitlines()
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join([good[0], "{truncated", *good[1:], '{"unrelated": true}']) + "\n")
+    code, out, err = run_cli(capsys, "report", str(path), "--json")
+    assert code == 0
+    bad_lines = [2, len(good) + 2]
+    assert err == (
+        f"llmspans report: skipped 2 line(s) of {path} ({bad_lines[0]}, {bad_lines[1]}); line 2 is not JSON "
+        "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1))\n"
+    )
+    report = json.loads(out)
+    assert [skip["line"] for skip in report["skipped"]] == bad_lines
+    assert report["traces"] == 10
+
+
+def test_ids_in_base64_and_enum_names_are_read_too() -> None:
+    trace = Trace()
+    trace.call(0, stream=10)
+    span = trace.spans[0]
+    span["traceId"] = "AAAAAAAAAAEAAAAAAAAAAg=="
+    span["spanId"] = "AAAAAAAAAAM="
+    span["kind"] = "SPAN_KIND_CLIENT"
+    (read,) = spans_of_document({"result": document(trace)}) or []
+    assert (read.trace_id, read.span_id, read.kind) == (
+        "00000000000000010000000000000002",
+        "0000000000000003",
+        3,
+    )
+
+
+def test_python_dash_m_llmspans_runs_the_report() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "llmspans", "report", *map(str, RECORDED), "--top", "2"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(" turn chat ") == 2
+
+
+# --- the HTML page in headless Chromium -------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+
+
+@pytest.fixture
+def chromium() -> str:
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is required in CI (apt-get install -y chromium)")
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    return CHROMIUM
+
+
+def _chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}", *args],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+
+
+class _Elements(HTMLParser):
+    """Every element of the rendered DOM with its attributes, and which <g class=bar> it sits in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str], str | None]] = []
+        self._bar: list[str | None] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = {key: value or "" for key, value in attrs}
+        bar = self._bar[-1] if self._bar else None
+        if tag == "g":
+            self._bar.append(attributes.get("data-quantile", bar))
+        self.elements.append((tag, attributes, bar))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "g" and self._bar:
+            self._bar.pop()
+
+    def having(self, tag: str, css_class: str) -> list[tuple[dict[str, str], str | None]]:
+        return [
+            (a, bar) for t, a, bar in self.elements if t == tag and css_class in a.get("class", "").split()
+        ]
+
+
+def test_the_html_page_renders_its_charts_in_headless_chromium(chromium: str, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    report = analyse(read_files(RECORDED).spans, top=3)
+    html = render_html(report)
+    for reference in ("<script", "src=", "href=", "url(", "@import"):
+        assert reference not in html  # self-contained: nothing to fetch
+    page.write_text(html)
+    dumped = _chromium(chromium, tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    dom = _Elements()
+    dom.feed(dumped.stdout)
+
+    segments = dom.having("rect", "segment")
+    bars = sorted({bar for _, bar in segments if bar})
+    assert bars == ["p50", "p95", "p99"]
+    for bar in bars:
+        in_bar = [attributes["data-part"] for attributes, where in segments if where == bar]
+        assert in_bar == [f"{part.kind}:{part.name}" for part in report.parts]  # one segment per part
+        assert [p.split(":")[1] for p in in_bar if p.startswith("bucket:")] == list(names.BUCKETS)
+    widths = {a["data-part"]: float(a["width"]) for a, bar in segments if bar == "p95"}
+    assert max(widths, key=widths.__getitem__) == "bucket:queue"
+
+    budget_lines = {a["data-stage"]: float(a["data-budget"]) for a, _ in dom.having("line", "budget-line")}
+    assert budget_lines == {row.stage: row.budget for row in report.stages if row.budget is not None}
+    assert {a["data-stage"] for a, _ in dom.having("svg", "stage-dist")} == {
+        row.stage for row in report.stages
+    }
+    waterfalls = [a["data-trace-id"] for a, _ in dom.having("svg", "waterfall")]
+    assert waterfalls == [slow.trace_id for slow in report.slowest]
+    assert len(dom.having("rect", "wf-segment")) == 3 * len(names.BUCKETS)
+    (dominant,) = dom.having("span", "dominant")
+    assert dominant[0]["data-part"] == "bucket:queue"
+
+    shot = tmp_path / "report.png"
+    taken = _chromium(
+        chromium, tmp_path / "profile", "--window-size=1000,1600", f"--screenshot={shot}", page.as_uri()
+    )
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 20_000  # charts, not a blank page
+    if os.environ.get("LLMSPANS_KEEP_SCREENSHOT"):
+        shutil.copy(shot, os.environ["LLMSPANS_KEEP_SCREENSHOT"])
