@@ -32,7 +32,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 import llmspans
-from llmspans import _setup
+from llmspans import _exporters, _setup
 from tests.support.realservers import PhoenixServer
 
 APP = """
@@ -338,9 +338,9 @@ def test_an_unreachable_endpoint_costs_the_app_nothing(protocol: str, outage: st
     assert result["instrumented"] <= result["plain"] * 1.25 + 0.002, result
     # Memory: 5,000 more spans while the queue is full; an unbounded queue grows about 15 MB here.
     assert result["rss_growth"] < 4_000_000, result
-    assert result["dropped"] >= _setup.SPAN_BATCH_SIZE, result  # counted, not silently lost
+    assert result["dropped"] >= _exporters.SPAN_BATCH_SIZE, result  # counted, not silently lost
     # Exit: bounded, although nothing was ever delivered.
-    assert exit_took < _setup.SHUTDOWN_BOUND_S + 1.5, exit_took
+    assert exit_took < _exporters.SHUTDOWN_BOUND_S + 1.5, exit_took
 
     records = [line.split("|", 2) for line in stderr.splitlines() if line.count("|") >= 2]
     warnings = [message for name, level, message in records if name == "llmspans" and level == "WARNING"]
