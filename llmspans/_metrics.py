@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Observation
@@ -17,16 +17,28 @@ def _observe_budgets(_options: CallbackOptions) -> Iterable[Observation]:
     ]
 
 
-def _observe_limiters_in_flight(_options: CallbackOptions) -> Iterable[Observation]:
-    return [Observation(r.in_flight, {names.LIMITER_NAME: r.name}) for r in _limiter.live_readings()]
+def _limiter_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    """A gauge callback reading one field of every live limiter, labelled by its lane."""
+
+    def observe(_options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(getattr(r, field), {names.LIMITER_NAME: r.name}) for r in _limiter.live_readings()
+        ]
+
+    return observe
 
 
-def _observe_limiters_queue_depth(_options: CallbackOptions) -> Iterable[Observation]:
-    return [Observation(r.queue_depth, {names.LIMITER_NAME: r.name}) for r in _limiter.live_readings()]
+def _vllm_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    """A gauge callback reading one field of every running vLLM sampler's latest good sample."""
 
+    def observe(_options: CallbackOptions) -> Iterable[Observation]:
+        from llmspans import vllm
 
-def _observe_limiters_cap(_options: CallbackOptions) -> Iterable[Observation]:
-    return [Observation(r.cap, {names.LIMITER_NAME: r.name}) for r in _limiter.live_readings()]
+        readings = vllm._fresh_readings()
+        return [Observation(value, attributes) for sample, attributes in readings
+                if (value := getattr(sample, field)) is not None]  # fmt: skip
+
+    return observe
 
 
 class Instruments:
@@ -73,49 +85,27 @@ class Instruments:
             description="The configured budget per stage, so dashboards can draw the line.",
         )  # fmt: skip
         meter.create_observable_gauge(
-            names.METRIC_LIMITER_IN_FLIGHT, callbacks=[_observe_limiters_in_flight], unit="{call}",
+            names.METRIC_LIMITER_IN_FLIGHT, callbacks=[_limiter_gauge("in_flight")], unit="{call}",
             description="Calls admitted and running per limiter (lane).",
         )  # fmt: skip
         meter.create_observable_gauge(
-            names.METRIC_LIMITER_QUEUE_DEPTH, callbacks=[_observe_limiters_queue_depth], unit="{call}",
+            names.METRIC_LIMITER_QUEUE_DEPTH, callbacks=[_limiter_gauge("queue_depth")], unit="{call}",
             description="Calls waiting for admission per limiter (lane).",
         )  # fmt: skip
         meter.create_observable_gauge(
-            names.METRIC_LIMITER_CAP, callbacks=[_observe_limiters_cap], unit="{call}",
+            names.METRIC_LIMITER_CAP, callbacks=[_limiter_gauge("cap")], unit="{call}",
             description="The configured concurrency cap per limiter (lane).",
         )  # fmt: skip
         # vLLM server state, from every running llmspans.vllm.ServerMetrics sampler.
         meter.create_observable_gauge(
-            names.METRIC_VLLM_NUM_REQUESTS_WAITING, callbacks=[_observe_vllm_waiting], unit="{request}",
+            names.METRIC_VLLM_NUM_REQUESTS_WAITING, callbacks=[_vllm_gauge("num_requests_waiting")], unit="{request}",
             description="Requests waiting in the vLLM server's queue, as last sampled from its /metrics.",
         )  # fmt: skip
         meter.create_observable_gauge(
-            names.METRIC_VLLM_NUM_REQUESTS_RUNNING, callbacks=[_observe_vllm_running], unit="{request}",
+            names.METRIC_VLLM_NUM_REQUESTS_RUNNING, callbacks=[_vllm_gauge("num_requests_running")], unit="{request}",
             description="Requests in the vLLM server's running batch, as last sampled from its /metrics.",
         )  # fmt: skip
         meter.create_observable_gauge(
-            names.METRIC_VLLM_KV_CACHE_USAGE, callbacks=[_observe_vllm_kv_cache], unit="1",
+            names.METRIC_VLLM_KV_CACHE_USAGE, callbacks=[_vllm_gauge("kv_cache_usage")], unit="1",
             description="The vLLM server's KV-cache usage (1 means full), as last sampled from its /metrics.",
         )  # fmt: skip
-
-
-def _observe_vllm_waiting(_options: CallbackOptions) -> Iterable[Observation]:
-    from llmspans import vllm
-
-    return [Observation(s.num_requests_waiting, attributes) for s, attributes in vllm._fresh_readings()]
-
-
-def _observe_vllm_running(_options: CallbackOptions) -> Iterable[Observation]:
-    from llmspans import vllm
-
-    return [Observation(s.num_requests_running, attributes) for s, attributes in vllm._fresh_readings()]
-
-
-def _observe_vllm_kv_cache(_options: CallbackOptions) -> Iterable[Observation]:
-    from llmspans import vllm
-
-    return [
-        Observation(s.kv_cache_usage, attributes)
-        for s, attributes in vllm._fresh_readings()
-        if s.kv_cache_usage is not None
-    ]

@@ -9,7 +9,6 @@ numbers, so exactly) and with what its scheduler was told to do (within TOLERANC
 
 from __future__ import annotations
 
-import functools
 import gc
 import json
 import logging
@@ -34,31 +33,12 @@ from llmspans._simulator import SimulatedServer
 from llmspans.testing import Captured
 from llmspans.vllm import ServerMetrics, ServerSnapshot, looks_like_vllm
 from tests.support.vllm_sim import EngineConfig, OTLPReceiver, ReceivedSpan, VLLMSimulator
+from tests.timing import retry_timing
 
 MODEL = EngineConfig().model
 TOLERANCE = 0.030
 SAMPLER_THREAD = "llmspans-vllm-metrics"
 OTLP_SERVER = 2  # SpanKind in the OTLP protobuf enum
-
-
-def retry_timing(test: Callable[..., None]) -> Callable[..., None]:
-    """Run a timing test up to three times: on a loaded 2-core machine a sleeping thread can wake
-    tens of ms late, but a wrong formula or a wrong link fails every run. The spans captured and
-    received are forgotten between runs; each run starts its own simulator."""
-
-    @functools.wraps(test)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        for attempt in range(3):
-            try:
-                return test(*args, **kwargs)
-            except AssertionError:
-                if attempt == 2:
-                    raise
-                for fixture in ("captured", "receiver"):
-                    if fixture in kwargs:
-                        kwargs[fixture].clear()
-
-    return wrapper
 
 
 def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:

@@ -13,7 +13,7 @@ def retry_timing(test: Any) -> Any:
     fails every run. Fixtures are reused; the records are cleared between runs."""
 
     def reset(kwargs: dict[str, Any]) -> None:
-        for fixture in ("captured", "server"):
+        for fixture in ("captured", "server", "receiver"):
             if fixture in kwargs:
                 kwargs[fixture].clear()
 
