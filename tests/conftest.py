@@ -26,3 +26,4 @@ def _fresh_budgets() -> Iterator[None]:
 
 # Session fixtures that start the real servers (Arize Phoenix, transformers serve) on demand.
 from tests.support.realservers import phoenix, transformers_serve  # noqa: E402, F401
+from tests.support.otlp_http import otlp_http_receiver  # noqa: E402, F401

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -105,28 +105,9 @@ def test_gzip_and_headers_reach_phoenix(phoenix: PhoenixServer, protocol: str) -
 # Against a local receiver that shows what arrived
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["content-length"]))
-        self.server.received.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def receiver() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    server.received = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def receiver(otlp_http_receiver: ThreadingHTTPServer) -> ThreadingHTTPServer:
+    return otlp_http_receiver
 
 
 @pytest.mark.parametrize("source", ["argument", "environment"])
@@ -141,7 +122,7 @@ def test_gzip_and_headers_over_http(receiver: ThreadingHTTPServer, source: str) 
     run_app(configure, env)
     received = receiver.received  # type: ignore[attr-defined]
     assert {path for path, _, _ in received} == {"/v1/traces", "/v1/metrics"}
-    for _path, headers, body in received:
+    for _path, body, headers in received:
         assert headers["content-encoding"] == "gzip"
         assert body[:2] == b"\x1f\x8b"  # really gzip, not just labelled so
         assert headers["authorization"] == "Bearer t0k3n"  # the variable's header, alongside ...
@@ -149,7 +130,7 @@ def test_gzip_and_headers_over_http(receiver: ThreadingHTTPServer, source: str) 
             "from-argument" if source == "argument" else "from-env"
         )  # ... and the argument's
     traces = [
-        ExportTraceServiceRequest.FromString(gzip.decompress(b)) for p, _, b in received if p == "/v1/traces"
+        ExportTraceServiceRequest.FromString(gzip.decompress(b)) for p, b, _ in received if p == "/v1/traces"
     ]
     assert sorted(name for request in traces for name in span_names(request)) == [
         "POST",

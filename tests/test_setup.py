@@ -11,10 +11,8 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
-from collections.abc import Iterator
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -138,32 +136,6 @@ def test_explicit_file_is_added_to_an_existing_sdk_provider(tmp_path: Path) -> N
         APP,
     )
     assert sorted(span_names(read_lines(target)[0])) == ["retrieval search", "turn chat"]
-
-
-class _Receiver(BaseHTTPRequestHandler):
-    received: list[tuple[str, bytes]]
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["content-length"]))
-        self.server.received.append((self.path, body, dict(self.headers)))  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def otlp_http_receiver() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    server.received = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 def test_otlp_http_endpoint_argument_exports_spans_and_metrics(
