@@ -24,6 +24,7 @@ def _fresh_budgets() -> Iterator[None]:
     _budget.registry.reset()
 
 
-# Session fixtures that start the real servers (Arize Phoenix, transformers serve) on demand.
-from tests.support.realservers import phoenix, transformers_serve  # noqa: E402, F401
+# Shared fixtures: a local OTLP/HTTP receiver, and the real servers (Arize Phoenix, transformers serve)
+# started on demand.
 from tests.support.otlp_http import otlp_http_receiver  # noqa: E402, F401
+from tests.support.realservers import phoenix, transformers_serve  # noqa: E402, F401
