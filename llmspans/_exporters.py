@@ -67,6 +67,8 @@ _EXPORT_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
     "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+    "opentelemetry.exporter.otlp.json.file.trace_exporter",  # the embedded default's file exporters
+    "opentelemetry.exporter.otlp.json.file.metric_exporter",
 )
 
 
@@ -79,24 +81,49 @@ class _LineStream(io.TextIOBase):
 
     def __init__(self, path: Path) -> None:
         super().__init__()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the exporters
+        self._lock = threading.Lock()
+        self._failed = False
+        self._file: IO[str] | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the exporters
+        except OSError as error:  # a read-only working directory must not stop the app
+            logger.warning("llmspans: cannot write traces to %s (%s); spans are dropped", path, error)
+
+    def after_fork_in_child(self) -> None:
+        """A fork during a write leaves the lock held in the child: start it afresh there."""
         self._lock = threading.Lock()
 
     def write(self, text: str) -> int:
         with self._lock:
-            written = self._file.write(text)
-            self._file.flush()
+            if self._file is None:
+                return len(text)
+            try:
+                written = self._file.write(text)
+                self._file.flush()
+            except OSError as error:
+                self._cannot_write(error)
+                return len(text)
+            self._failed = False
             return written
+
+    def _cannot_write(self, error: OSError) -> None:
+        """A full disk: said once, then lines are dropped quietly until writing works again."""
+        if not self._failed:
+            self._failed = True
+            logger.warning("llmspans: cannot write traces (%s); spans are dropped until it can", error)
 
     def flush(self) -> None:
         with self._lock:
-            if not self._file.closed:
-                self._file.flush()
+            if self._file is not None and not self._file.closed:
+                try:
+                    self._file.flush()
+                except OSError as error:
+                    self._cannot_write(error)
 
     @property
     def closed(self) -> bool:
-        return self._file.closed
+        return self._file is not None and self._file.closed
 
     def writable(self) -> bool:
         return True
@@ -156,7 +183,7 @@ class ExportHealth:
 
     def __init__(self, signal: str, target: str, *, warn: bool) -> None:
         self.signal = signal
-        self.target = target
+        self.target = _shown_target(target)  # it goes into a log line: no credentials
         self._warn = warn
         self._lock = threading.Lock()
         self._down = False
@@ -233,6 +260,17 @@ _NETWORK_ERROR = re.compile(
 )
 _HTTP_CODE = re.compile(r"code: (\d{3})\b")
 _GRPC_CODE = re.compile(r"StatusCode\.([A-Z_]+)")
+
+
+def _shown_target(target: str) -> str:
+    """An endpoint fit for a log line: no user, password or query."""
+    import urllib.parse
+
+    if "://" not in target:
+        return target.split("?", 1)[0]
+    parts = urllib.parse.urlsplit(target)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _failure_cause(error: BaseException | None, elapsed: float, exporter_logger: str) -> str:
@@ -399,8 +437,10 @@ def _export_timeout(signal: str) -> float | None:
 
 def _signal_url(endpoint: str, signal: str) -> str:
     """OTLP/HTTP wants the full URL per signal; a bare collector address gets the standard path."""
-    base = endpoint.rstrip("/")
-    return base if base.endswith(f"/v1/{signal}") else f"{base}/v1/{signal}"
+    base, question, query = endpoint.partition("?")
+    base = base.rstrip("/")
+    url = base if base.endswith(f"/v1/{signal}") else f"{base}/v1/{signal}"
+    return f"{url}{question}{query}"
 
 
 def otlp_exporters(
@@ -476,5 +516,16 @@ def _env_target(signal: str, path: str | None) -> str | None:
 def file_exporters(path: Path) -> tuple[SpanExporter, MetricExporter]:
     from opentelemetry.exporter.otlp.json.file import FileMetricExporter, FileSpanExporter
 
-    stream = cast(IO[str], _LineStream(path))
-    return FileSpanExporter(stream=stream), FileMetricExporter(stream=stream)
+    line_stream = _LineStream(path)
+    stream = cast(IO[str], line_stream)
+    span_exporter, metric_exporter = FileSpanExporter(stream=stream), FileMetricExporter(stream=stream)
+
+    def after_fork_in_child() -> None:
+        line_stream.after_fork_in_child()
+        for exporter in (span_exporter, metric_exporter):  # the official exporter's own lock, likewise
+            inner = getattr(exporter, "_exporter", None)
+            if inner is not None and hasattr(inner, "_lock"):
+                inner._lock = threading.Lock()
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+    return span_exporter, metric_exporter

@@ -70,8 +70,8 @@ def guarded(site: str, default: D) -> Callable[[Callable[P, R]], Callable[P, R |
 def swallow(site: str) -> Iterator[None]:
     """Run a block of instrumentation code whose failure must not reach the caller."""
     try:
-        check_fault(site)
         yield
+        check_fault(site)  # after the block: a generator context manager must yield exactly once
     except Exception as error:
         report(site, error)
 

@@ -16,7 +16,7 @@ from typing import Any
 from llmspans import _content, _sse
 from llmspans import _names as names
 from llmspans._call import CallRecord
-from llmspans._guard import guarded
+from llmspans._guard import guarded, swallow
 from llmspans._openai import Settings, input_messages, operation_for, write_content
 
 _MAX_JSON_BODY = 8 * 1024 * 1024
@@ -181,7 +181,8 @@ class PlainClientCalls:
         record = self.settings.new_record(operation, body, stream, url)
         capture = _content.resolve(self.settings.capture_content)
         if capture:
-            write_content(record, capture, names.GEN_AI_INPUT_MESSAGES, input_messages(body))
+            with swallow("httpx.content"):  # a redaction hook that raises must not leave the span open
+                write_content(record, capture, names.GEN_AI_INPUT_MESSAGES, input_messages(body))
         observer: _StreamObserver | _JsonObserver = (
             _StreamObserver(record, capture, responses_api=url.path.rstrip("/").endswith("/responses"))
             if stream

@@ -158,9 +158,9 @@ def _set_up(
     path: Path | None = None
     health: tuple[exporters.ExportHealth, exporters.ExportHealth] | None = None
     resolved_compression: Compression | None = None
+    exporters.quiet_repeated_export_logs()  # OTLP retries and a full disk alike log once per batch
     if use_otlp:
         resolved_compression = exporters.resolve_compression(compression)
-        exporters.quiet_repeated_export_logs()
         span_exporter, metric_exporter, health = exporters.otlp_exporters(
             endpoint, resolved_protocol, headers, resolved_compression
         )
