@@ -159,7 +159,7 @@ class _Sampler:
         self.healthy = True
         if self._in_outage:
             self._in_outage = False
-            logger.info("llmspans: vLLM metrics at %s are readable again", shown_url(self.metrics_url))
+            logger.info("llmspans: vLLM metrics at %s are readable again", _shown_url(self.metrics_url))
         with self.sampled:
             self.sampled.notify_all()
 
@@ -191,11 +191,11 @@ class _Sampler:
             logger.warning(
                 "llmspans: cannot read vLLM metrics from %s (%s); span attributes keep the last sample, "
                 "retrying every %gs",
-                shown_url(self.metrics_url), reason, self.interval,
+                _shown_url(self.metrics_url), reason, self.interval,
             )  # fmt: skip
         else:
             logger.debug(
-                "llmspans: vLLM metrics still unreadable at %s (%s)", shown_url(self.metrics_url), reason
+                "llmspans: vLLM metrics still unreadable at %s (%s)", _shown_url(self.metrics_url), reason
             )
 
     # --- control ----------------------------------------------------------------------------
@@ -308,7 +308,7 @@ def _metrics_url(base_url: str) -> tuple[str, str, int]:
     return url, parts.hostname, port
 
 
-def shown_url(url: str) -> str:
+def _shown_url(url: str) -> str:
     """A URL fit for a log line: no user, password or query."""
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
