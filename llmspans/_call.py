@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -19,7 +20,7 @@ from opentelemetry.util.types import AttributeValue
 from llmspans import _budget, _telemetry
 from llmspans import _names as names
 from llmspans._gaps import GapSketch
-from llmspans._guard import guarded
+from llmspans._guard import check_fault, guarded, report
 from llmspans._stages import current_turn
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class CallRecord:
         "first_chunk_ns",
         "gaps",
         "input_tokens",
+        "kind",
         "last_chunk_ns",
         "metric_attributes",
         "on_release",
@@ -126,33 +128,14 @@ class CallRecord:
         self.budget = _budget.registry.resolve(names.STAGE_LLM, budget)
         self.turn = current_turn.get()
 
-        attributes: dict[str, AttributeValue] = {
-            names.GEN_AI_OPERATION_NAME: operation,
-            names.GEN_AI_PROVIDER_NAME: provider,
-            names.GEN_AI_REQUEST_STREAM: stream,
-            names.STAGE: names.STAGE_LLM,
-        }
-        metric_attributes: dict[str, AttributeValue] = {
-            names.GEN_AI_OPERATION_NAME: operation,
-            names.GEN_AI_PROVIDER_NAME: provider,
-        }
-        if model:
-            attributes[names.GEN_AI_REQUEST_MODEL] = model
-            metric_attributes[names.GEN_AI_REQUEST_MODEL] = model
-        if server_address:
-            attributes[names.SERVER_ADDRESS] = server_address
-            metric_attributes[names.SERVER_ADDRESS] = server_address
-        if server_port:
-            attributes[names.SERVER_PORT] = server_port
-            metric_attributes[names.SERVER_PORT] = server_port
+        kind = _kind_of(operation, model, provider, stream, server_address, server_port)
+        self.kind = kind
+        self.metric_attributes = kind.metric_attributes
+        attributes: Mapping[str, AttributeValue] = kind.span_attributes
         if request_attributes:
-            attributes.update(request_attributes)
-        self.metric_attributes = metric_attributes
+            attributes = {**attributes, **request_attributes}
         self.span: Span = _telemetry.tracer().start_span(
-            f"{operation} {model}" if model else operation,
-            kind=SpanKind.CLIENT,
-            attributes=attributes,
-            start_time=self.wall_anchor_ns,
+            kind.span_name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self.wall_anchor_ns
         )
 
     # --- instants -------------------------------------------------------------------------
@@ -172,7 +155,8 @@ class CallRecord:
         """Admitted by a limiter: the call keeps its slot until it is over (a stream's end, not its headers)."""
         self.on_release = admission.release
         # The lane is the limiter's name, on the call's metrics as well as its span.
-        self.metric_attributes[names.LIMITER_NAME] = admission.name
+        self.kind = self.kind.in_lane(admission.name)
+        self.metric_attributes = self.kind.metric_attributes
         self.admitted(admission.admitted_ns, admission.attributes())
         self.stamp_server_state()
 
@@ -194,20 +178,19 @@ class CallRecord:
         stats): the gap is then spread over them, so the inter-token figures stay per token.
         """
         last = self.last_chunk_ns
-        if last:
-            gap = now_ns - last
-            gaps = self.gaps
-            if gaps is not None:
-                if tokens > 1:
-                    per_token = gap // tokens
-                    for _ in range(tokens):
-                        gaps.add(per_token)
-                else:
-                    gaps.add(gap)
-        else:
-            self.first_chunk_ns = now_ns
         self.last_chunk_ns = now_ns
         self.chunks += 1
+        if not last:
+            self.first_chunk_ns = now_ns
+            return
+        gaps = self.gaps
+        if gaps is not None:
+            if tokens > 1:
+                per_token = (now_ns - last) // tokens
+                for _ in range(tokens):
+                    gaps.add(per_token)
+            else:
+                gaps.add(now_ns - last)
 
     def set_usage(self, input_tokens: Any, output_tokens: Any, cache_read_tokens: Any = None) -> None:
         """Record token counts the server reported; anything that is not a count is ignored."""
@@ -280,7 +263,10 @@ class CallRecord:
         released = now_ns if now_ns is not None else time.perf_counter_ns()
         self.released_ns = released
         try:
+            check_fault("call.finish")
             self._write(outcome, error, released)
+        except Exception as failure:  # what @guarded does, without its extra frame on every call
+            report("call.finish", failure)
         finally:
             self.span.end(end_time=self.wall_ns(released))
             if self.on_release is not None:
@@ -291,7 +277,6 @@ class CallRecord:
         if self.on_release is not None:
             self.on_release()
 
-    @guarded("call.finish", None)
     def _write(self, outcome: str, error: BaseException | None, released: int) -> None:
         span = self.span
         buckets = self.buckets_ns(released)
@@ -358,25 +343,17 @@ class CallRecord:
             self.turn.add(names.STAGE_LLM, released - self.queued_ns)
 
     def _record_metrics(self, instruments: Any, buckets: Mapping[str, int], duration: float) -> None:
-        common = dict(self.metric_attributes)
-        if self.response_model:
-            common[names.GEN_AI_RESPONSE_MODEL] = self.response_model
-        if self.error_type:
-            common[names.ERROR_TYPE] = self.error_type
+        kind = self.kind
+        common, input_tokens, output_tokens = kind.result_attributes(self.response_model, self.error_type)
         instruments.operation_duration.record(duration, common)
-        instruments.stage_duration.record(duration, {names.STAGE: names.STAGE_LLM})
-        for bucket, value in buckets.items():
-            instruments.bucket_duration.record(
-                value * _NS, {**self.metric_attributes, names.METRIC_ATTR_BUCKET: bucket}
-            )
+        instruments.stage_duration.record(duration, _LLM_STAGE_ATTRIBUTES)
+        record_bucket = instruments.bucket_duration.record
+        for bucket, attributes in kind.bucket_attributes:
+            record_bucket(buckets[bucket] * _NS, attributes)
         if self.input_tokens is not None:
-            instruments.token_usage.record(
-                self.input_tokens, {**common, names.GEN_AI_TOKEN_TYPE: names.TOKEN_TYPE_INPUT}
-            )
+            instruments.token_usage.record(self.input_tokens, input_tokens)
         if self.output_tokens is not None:
-            instruments.token_usage.record(
-                self.output_tokens, {**common, names.GEN_AI_TOKEN_TYPE: names.TOKEN_TYPE_OUTPUT}
-            )
+            instruments.token_usage.record(self.output_tokens, output_tokens)
         if self.stream and self.first_chunk_ns:
             instruments.time_to_first_chunk.record((self.first_chunk_ns - self.queued_ns) * _NS, common)
             if self.chunks > 1:
@@ -389,3 +366,117 @@ class CallRecord:
         opened = sum(1 for attempt in self.attempts if attempt.new_connection)
         if opened:
             instruments.connect_new.add(opened, self.metric_attributes)
+
+
+_LLM_STAGE_ATTRIBUTES: Mapping[str, AttributeValue] = MappingProxyType({names.STAGE: names.STAGE_LLM})
+_KEPT = 256  # distinct call kinds (and result variants of one kind) cached at once
+
+
+class _CallKind:
+    """What every call of one kind (operation, model, provider, server, lane) shares, built once.
+
+    The span's name and opening attributes and the attribute sets its metrics are recorded
+    with are the same call after call: building them once keeps dictionary building off the
+    request path. They are shared by every call of the kind, hence read-only.
+    """
+
+    __slots__ = (
+        "_lanes",
+        "_results",
+        "bucket_attributes",
+        "metric_attributes",
+        "span_attributes",
+        "span_name",
+    )
+
+    def __init__(
+        self, span_name: str, span_attributes: Mapping[str, AttributeValue],
+        metric_attributes: Mapping[str, AttributeValue],
+    ) -> None:  # fmt: skip
+        self.span_name = span_name
+        self.span_attributes = MappingProxyType(dict(span_attributes))
+        self.metric_attributes = MappingProxyType(dict(metric_attributes))
+        self.bucket_attributes = tuple(
+            (bucket, MappingProxyType({**metric_attributes, names.METRIC_ATTR_BUCKET: bucket}))
+            for bucket in names.BUCKETS
+        )
+        self._results: dict[tuple[str | None, str | None], tuple[Mapping[str, AttributeValue], ...]] = {}
+        self._lanes: dict[str, _CallKind] = {}
+
+    def result_attributes(
+        self, response_model: str | None, error_type: str | None
+    ) -> tuple[Mapping[str, AttributeValue], ...]:
+        """The attribute sets of the duration and token metrics: common, input tokens, output tokens."""
+        key = (response_model, error_type)
+        found = self._results.get(key)
+        if found is None:
+            common = dict(self.metric_attributes)
+            if response_model:
+                common[names.GEN_AI_RESPONSE_MODEL] = response_model
+            if error_type:
+                common[names.ERROR_TYPE] = error_type
+            found = (
+                MappingProxyType(common),
+                MappingProxyType({**common, names.GEN_AI_TOKEN_TYPE: names.TOKEN_TYPE_INPUT}),
+                MappingProxyType({**common, names.GEN_AI_TOKEN_TYPE: names.TOKEN_TYPE_OUTPUT}),
+            )
+            if len(self._results) >= _KEPT:
+                self._results.clear()
+            self._results[key] = found
+        return found
+
+    def in_lane(self, lane: str) -> _CallKind:
+        """The same kind admitted by the limiter `lane`: its metrics carry the lane's name."""
+        found = self._lanes.get(lane)
+        if found is None:
+            metric_attributes = {**self.metric_attributes, names.LIMITER_NAME: lane}
+            found = _CallKind(self.span_name, self.span_attributes, metric_attributes)
+            if len(self._lanes) >= _KEPT:
+                self._lanes.clear()
+            self._lanes[lane] = found
+        return found
+
+
+def _new_kind(
+    operation: str, model: str | None, provider: str, stream: bool, server_address: str | None,
+    server_port: int | None,
+) -> _CallKind:  # fmt: skip
+    span_attributes: dict[str, AttributeValue] = {
+        names.GEN_AI_OPERATION_NAME: operation,
+        names.GEN_AI_PROVIDER_NAME: provider,
+        names.GEN_AI_REQUEST_STREAM: stream,
+        names.STAGE: names.STAGE_LLM,
+    }
+    metric_attributes: dict[str, AttributeValue] = {
+        names.GEN_AI_OPERATION_NAME: operation,
+        names.GEN_AI_PROVIDER_NAME: provider,
+    }
+    if model:
+        span_attributes[names.GEN_AI_REQUEST_MODEL] = model
+        metric_attributes[names.GEN_AI_REQUEST_MODEL] = model
+    if server_address:
+        span_attributes[names.SERVER_ADDRESS] = server_address
+        metric_attributes[names.SERVER_ADDRESS] = server_address
+    if server_port:
+        span_attributes[names.SERVER_PORT] = server_port
+        metric_attributes[names.SERVER_PORT] = server_port
+    return _CallKind(f"{operation} {model}" if model else operation, span_attributes, metric_attributes)
+
+
+_kinds: dict[tuple[Any, ...], _CallKind] = {}
+
+
+def _kind_of(
+    operation: str, model: str | None, provider: str, stream: bool, server_address: str | None,
+    server_port: int | None,
+) -> _CallKind:  # fmt: skip
+    key = (operation, model, provider, stream, server_address, server_port)
+    try:
+        kind = _kinds.get(key)
+    except TypeError:  # an unhashable value: build it for this call alone
+        return _new_kind(*key)
+    if kind is None:
+        if len(_kinds) >= _KEPT:
+            _kinds.clear()
+        kind = _kinds[key] = _new_kind(*key)
+    return kind

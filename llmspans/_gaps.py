@@ -46,10 +46,19 @@ class GapSketch:
         self.max_ns = 0
 
     def add(self, gap_ns: int) -> None:
+        """Count one gap; `bucket_index` inlined, since this runs once per streamed chunk."""
         if gap_ns > self.max_ns:
             self.max_ns = gap_ns
         self.count += 1
-        self.counts[bucket_index(gap_ns) if gap_ns >= 0 else 0] += 1
+        if gap_ns < _LINEAR:
+            self.counts[gap_ns if gap_ns > 0 else 0] += 1
+            return
+        bits = gap_ns.bit_length()
+        if bits > _MAX_BITS:
+            self.counts[_SIZE - 1] += 1
+            return
+        shift = bits - _SUB_BITS - 1
+        self.counts[_LINEAR + (shift - 1) * _SUB + ((gap_ns >> shift) & (_SUB - 1))] += 1
 
     def quantile_ns(self, q: float) -> int:
         """The `q` quantile (0 < q <= 1), as the middle of its bucket, capped at the maximum."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -171,15 +172,39 @@ class _Call:
 # --- reading the SDK's objects -------------------------------------------------------------
 
 
+_ABSENT: Any = object()
+
+
+def _has(obj: Any, name: str) -> bool:
+    """`hasattr(obj, name)`, without the exception a pydantic model raises (slowly) for a name it lacks.
+
+    A pydantic model keeps its fields in `__dict__` and unknown keys in `__pydantic_extra__`;
+    for anything else (a private or class attribute, another kind of object) the object is asked.
+    """
+    if name in getattr(obj, "__dict__", ()):
+        return True
+    cls = type(obj)
+    private = getattr(cls, "__private_attributes__", None)
+    if private is None or name in private or hasattr(cls, name):
+        return hasattr(obj, name)
+    extra = getattr(obj, "__pydantic_extra__", None)
+    return isinstance(extra, dict) and name in extra
+
+
 def _usage(record: CallRecord, usage: Any) -> None:
     if usage is None:
         return
-    details = getattr(usage, "prompt_tokens_details", None) or getattr(usage, "input_tokens_details", None)
-    record.set_usage(
-        getattr(usage, "prompt_tokens", getattr(usage, "input_tokens", None)),
-        getattr(usage, "completion_tokens", getattr(usage, "output_tokens", None)),
-        getattr(details, "cached_tokens", None),
+    details = getattr(usage, "prompt_tokens_details", None) or (
+        getattr(usage, "input_tokens_details", None) if _has(usage, "input_tokens_details") else None
     )
+    # The Chat Completions names first, the Responses names only when they are absent (see `_has`).
+    input_tokens = getattr(usage, "prompt_tokens", _ABSENT)
+    if input_tokens is _ABSENT:
+        input_tokens = getattr(usage, "input_tokens", None)
+    output_tokens = getattr(usage, "completion_tokens", _ABSENT)
+    if output_tokens is _ABSENT:
+        output_tokens = getattr(usage, "output_tokens", None)
+    record.set_usage(input_tokens, output_tokens, getattr(details, "cached_tokens", None))
 
 
 def _chat_item(call: _Call, item: Any, now: int) -> bool:
@@ -280,17 +305,17 @@ def _item_reader(operation_path: str) -> Callable[[_Call, Any, int], bool]:
 def _read_result(call: _Call, result: Any) -> None:
     """Attributes from a complete (non-streamed) response object."""
     record = call.record
-    if getattr(result, "object", None) == "response" or hasattr(result, "output"):
+    if getattr(result, "object", None) == "response" or _has(result, "output"):
         _responses_object(record, result)
         if call.capture:
             text = getattr(result, "output_text", None)
             call.output = [text] if isinstance(text, str) else None
         return
-    record.set_response(getattr(result, "id", None), getattr(result, "model", None))
     choices = getattr(result, "choices", None) or ()
     record.set_response(
-        finish_reasons=[c.finish_reason for c in choices if getattr(c, "finish_reason", None)]
-    )
+        getattr(result, "id", None), getattr(result, "model", None),
+        [c.finish_reason for c in choices if getattr(c, "finish_reason", None)],
+    )  # fmt: skip
     _usage(record, getattr(result, "usage", None))
     if call.capture:
         texts = []
@@ -394,18 +419,11 @@ class OpenAIInstrumentation:
     def _wrap_result(self, call: _Call, result: Any) -> Any:
         """The object to hand the caller: a stream proxy, a raw-response proxy, or the result itself."""
         if isinstance(result, self._stream_types):
-            reader = _item_reader(call.operation)
-
-            def on_item(record: CallRecord, item: Any, now: int) -> bool:
-                return reader(call, item, now)
-
-            def on_end(outcome: str, error: BaseException | None) -> None:
-                _finish(call, outcome, error)
-
             proxy: type[Any] = (
                 AsyncStreamProxy if isinstance(result, self._stream_types[1]) else SyncStreamProxy
             )
-            return proxy(result, call.record, on_item, on_end)
+            on_item = functools.partial(_item_reader(call.operation), call)  # called once per chunk
+            return proxy(result, call.record, on_item, functools.partial(_finish, call))
         if isinstance(result, self._raw_types):
             return self._wrap_raw(call, result)
         _read_result(call, result)

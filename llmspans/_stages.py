@@ -18,8 +18,8 @@ import functools
 import inspect
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Generator
-from types import TracebackType
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping
+from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar, overload
 
 from opentelemetry import context as otel_context
@@ -29,7 +29,7 @@ from opentelemetry.util.types import AttributeValue
 
 from llmspans import _budget, _telemetry
 from llmspans import _names as names
-from llmspans._guard import guarded
+from llmspans._guard import check_fault, guarded, report
 
 F = TypeVar("F", bound=Callable[..., Any])
 _NS = 1e-9
@@ -65,12 +65,14 @@ def _record_exception(span: Span, error: BaseException) -> None:
 class _Scope:
     """One stage execution: starts its span, and on finish writes budget, totals and metrics once."""
 
-    __slots__ = ("budget", "done", "span", "stage", "started_ns", "turn")
+    __slots__ = ("budget", "done", "metric_attributes", "span", "stage", "started_ns", "turn")
 
     def __init__(
-        self, stage: str, span_name: str, attributes: dict[str, AttributeValue], budget: float | None
-    ) -> None:
+        self, stage: str, span_name: str, attributes: Mapping[str, AttributeValue], budget: float | None,
+        metric_attributes: Mapping[str, AttributeValue],
+    ) -> None:  # fmt: skip
         self.stage = stage
+        self.metric_attributes = metric_attributes
         self.budget = _budget.registry.resolve(stage, budget)
         self.turn = current_turn.get()
         self.done = False
@@ -83,11 +85,13 @@ class _Scope:
         self.done = True
         elapsed_ns = time.perf_counter_ns() - self.started_ns
         try:
+            check_fault("stage.finish")
             self._write(elapsed_ns, error, cut)
+        except Exception as failure:  # what @guarded does, without its extra frame on every call
+            report("stage.finish", failure)
         finally:
             self.span.end()
 
-    @guarded("stage.finish", None)
     def _write(self, elapsed_ns: int, error: BaseException | None, cut: bool) -> None:
         if error is not None:
             _record_exception(self.span, error)
@@ -96,7 +100,7 @@ class _Scope:
         instruments = _telemetry.instruments()
         elapsed = elapsed_ns * _NS
         _budget.record_on_span(self.span, self.stage, self.budget, elapsed, instruments.budget_exceeded)
-        instruments.stage_duration.record(elapsed, {names.STAGE: self.stage})
+        instruments.stage_duration.record(elapsed, self.metric_attributes)
         if self.turn is not None:
             self.turn.add(self.stage, elapsed_ns)
 
@@ -148,10 +152,11 @@ class _StageSpec:
                 f"on_exceed='cancel' needs an async function (work can only be stopped at an await); "
                 f"{qualname} is not one: use on_exceed='record'"
             )
-        spec = self
-
-        def scope() -> _Scope:
-            return _Scope(spec.stage, span_name, attributes, spec.budget)
+        # One scope per call, from what is fixed at decoration time (a partial: no Python frame of its own).
+        metric_attributes = MappingProxyType({names.STAGE: self.stage})
+        scope = functools.partial(
+            _Scope, self.stage, span_name, MappingProxyType(attributes), self.budget, metric_attributes
+        )
 
         if inspect.isasyncgenfunction(func):
             return functools.wraps(func)(_async_gen_wrapper(func, scope))  # type: ignore[return-value]

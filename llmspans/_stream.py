@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import wrapt
@@ -24,9 +24,9 @@ from llmspans import _names as names
 from llmspans._call import CallRecord
 from llmspans._guard import report
 
-# Inspects one item at the instant it arrived; True hides it from the caller (the usage
+# Inspects one item, given the instant it arrived; True hides it from the caller (the usage
 # chunk llmspans asked for on the caller's behalf).
-OnItem = Callable[[CallRecord, Any, int], bool]
+OnItem = Callable[[Any, int], bool]
 # Ends the call with an outcome; runs once whichever path gets there first.
 OnEnd = Callable[[str, "BaseException | None"], None]
 
@@ -39,7 +39,11 @@ def _abandon(on_end: OnEnd) -> None:
 
 
 class _StreamProxy(wrapt.ObjectProxy[Any]):
-    """What both proxies share: the call, the item reader, and ending exactly once."""
+    """What both proxies share: the call, the item reader, and ending exactly once.
+
+    An item's arrival is `record.bytes_at_ns`, the read that completed it as the transport
+    stamped it (the clock is read here only when no transport saw the body).
+    """
 
     def __init__(self, wrapped: Any, record: CallRecord, on_item: OnItem, on_end: OnEnd) -> None:
         super().__init__(wrapped)
@@ -57,10 +61,34 @@ class _StreamProxy(wrapt.ObjectProxy[Any]):
 
 
 class SyncStreamProxy(_StreamProxy):
-    """Wraps an SDK stream (openai `Stream`) for a synchronous caller."""
+    """Wraps an SDK stream (openai `Stream`) for a synchronous caller.
 
-    def __iter__(self) -> SyncStreamProxy:
-        return self
+    `for chunk in stream` runs one generator over the SDK's own iteration (the per-chunk
+    path: no method call or proxy attribute lookup per item); `next(stream)` works too,
+    and both read the same underlying stream.
+    """
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._self_items()
+
+    def _self_items(self) -> Iterator[Any]:
+        record = self._self_record
+        on_item = self._self_on_item
+        clock = time.perf_counter_ns
+        try:
+            for item in self.__wrapped__:
+                try:
+                    if on_item(item, record.bytes_at_ns or clock()):
+                        continue
+                except Exception as error:
+                    report("stream.chunk", error)
+                yield item
+        except GeneratorExit:  # the caller let go of this loop (break): the stream itself lives on
+            raise
+        except BaseException as error:
+            self._self_end(names.OUTCOME_ERROR, error)
+            raise
+        self._self_end(names.OUTCOME_COMPLETED, None)
 
     def __next__(self) -> Any:
         record = self._self_record
@@ -73,10 +101,8 @@ class SyncStreamProxy(_StreamProxy):
             except BaseException as error:
                 self._self_end(names.OUTCOME_ERROR, error)
                 raise
-            # The read that completed this item, when the transport saw it; else now.
-            now = record.bytes_at_ns or time.perf_counter_ns()
             try:
-                if not self._self_on_item(record, item, now):
+                if not self._self_on_item(item, record.bytes_at_ns or time.perf_counter_ns()):
                     return item
             except Exception as error:
                 report("stream.chunk", error)
@@ -103,10 +129,35 @@ class SyncStreamProxy(_StreamProxy):
 
 
 class AsyncStreamProxy(_StreamProxy):
-    """Wraps an SDK stream (openai `AsyncStream`) for an asyncio caller."""
+    """Wraps an SDK stream (openai `AsyncStream`) for an asyncio caller.
 
-    def __aiter__(self) -> AsyncStreamProxy:
-        return self
+    `async for` runs one async generator over the SDK's own iteration; `__anext__` works too.
+    """
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._self_items()
+
+    async def _self_items(self) -> AsyncIterator[Any]:
+        record = self._self_record
+        on_item = self._self_on_item
+        clock = time.perf_counter_ns
+        try:
+            async for item in self.__wrapped__:
+                try:
+                    if on_item(item, record.bytes_at_ns or clock()):
+                        continue
+                except Exception as error:
+                    report("stream.chunk", error)
+                yield item
+        except GeneratorExit:  # the caller let go of this loop (break): the stream itself lives on
+            raise
+        except asyncio.CancelledError as error:
+            self._self_end(names.OUTCOME_CANCELLED, error)
+            raise
+        except BaseException as error:
+            self._self_end(names.OUTCOME_ERROR, error)
+            raise
+        self._self_end(names.OUTCOME_COMPLETED, None)
 
     async def __anext__(self) -> Any:
         record = self._self_record
@@ -122,10 +173,8 @@ class AsyncStreamProxy(_StreamProxy):
             except BaseException as error:
                 self._self_end(names.OUTCOME_ERROR, error)
                 raise
-            # The read that completed this item, when the transport saw it; else now.
-            now = record.bytes_at_ns or time.perf_counter_ns()
             try:
-                if not self._self_on_item(record, item, now):
+                if not self._self_on_item(item, record.bytes_at_ns or time.perf_counter_ns()):
                     return item
             except Exception as error:
                 report("stream.chunk", error)

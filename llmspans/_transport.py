@@ -70,7 +70,11 @@ class PlainCalls(Protocol):
 
 def safe_url(url: Any) -> str:
     """The URL without credentials and with secret-looking query values redacted."""
-    text = str(url.copy_with(username=None, password=None)) if (url.username or url.password) else str(url)
+    text = str(url)
+    if "@" not in text and "?" not in text:  # no user info and no query: nothing to take out
+        return text
+    if url.username or url.password:
+        text = str(url.copy_with(username=None, password=None))
     if not url.query:
         return text
     params = url.params
@@ -203,13 +207,21 @@ class _AttemptScope:
         )
 
 
+# The trace events `on_trace_event` times a connection with. httpcore sends about ten per
+# request (headers and body sent, received, closed): those go straight on, at no cost.
+_CONNECTION_EVENTS = frozenset(
+    {"connection.connect_tcp.started", "connection.connect_tcp.complete", "connection.start_tls.complete"}
+)
+
+
 def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
     previous = request.extensions.get("trace")
     if is_async:
 
         async def atrace(event: str, info: dict[str, Any]) -> None:
-            with swallow("transport.trace"):
-                scope.on_trace_event(event)
+            if event in _CONNECTION_EVENTS:
+                with swallow("transport.trace"):
+                    scope.on_trace_event(event)
             if previous is not None:
                 await previous(event, info)
 
@@ -217,8 +229,9 @@ def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
     else:
 
         def strace(event: str, info: dict[str, Any]) -> None:
-            with swallow("transport.trace"):
-                scope.on_trace_event(event)
+            if event in _CONNECTION_EVENTS:
+                with swallow("transport.trace"):
+                    scope.on_trace_event(event)
             if previous is not None:
                 previous(event, info)
 
@@ -249,9 +262,6 @@ def _start(
     scope = _AttemptScope(record, request, owns, observer)
     _chain_trace(request, scope, is_async)
     return scope
-
-
-_open_guarded = guarded("transport.begin", None)(_open)
 
 
 def _unstarted(opened: tuple[CallRecord, BodyObserver | None, bool]) -> None:
@@ -303,9 +313,10 @@ class _SyncBody:
         scope = self._scope
         record = scope.record
         observer = scope.observer
+        clock = time.perf_counter_ns
         try:
             for chunk in self._inner:
-                record.bytes_at_ns = now = time.perf_counter_ns()
+                record.bytes_at_ns = now = clock()
                 if observer is not None:
                     _observe(observer, chunk, now)
                 yield chunk
@@ -334,9 +345,10 @@ class _AsyncBody:
         scope = self._scope
         record = scope.record
         observer = scope.observer
+        clock = time.perf_counter_ns
         try:
             async for chunk in self._inner:
-                record.bytes_at_ns = now = time.perf_counter_ns()
+                record.bytes_at_ns = now = clock()
                 if observer is not None:
                     _observe(observer, chunk, now)
                 yield chunk
@@ -367,7 +379,7 @@ class _SyncTransport:
         self._plain = plain
 
     def handle_request(self, request: Any) -> Any:
-        opened = _open_guarded(request, self._plain)
+        opened = _open(request, self._plain)
         if opened is None:
             return self.inner.handle_request(request)
         limiter = self._plain.limiter if opened[2] and self._plain is not None else None
@@ -410,7 +422,7 @@ class _AsyncTransport:
         self._plain = plain
 
     async def handle_async_request(self, request: Any) -> Any:
-        opened = _open_guarded(request, self._plain)
+        opened = _open(request, self._plain)
         if opened is None:
             return await self.inner.handle_async_request(request)
         limiter = self._plain.limiter if opened[2] and self._plain is not None else None
