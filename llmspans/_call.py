@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -47,10 +48,24 @@ class Attempt:
         self.ended_ns: int | None = None
 
 
+# Calls not yet finished, so the exit hook can end the ones still open (a stream the app never closed).
+_open_calls: weakref.WeakSet[CallRecord] = weakref.WeakSet()
+
+
+def end_open_calls() -> None:
+    """At interpreter exit, before the providers flush: end every call still open, as abandoned."""
+    for record in list(_open_calls):
+        try:
+            record.finish(names.OUTCOME_ABANDONED)
+        except Exception as failure:
+            report("call.exit", failure)
+
+
 class CallRecord:
     """Owns one logical LLM call: its span, its instants and its stream statistics."""
 
     __slots__ = (
+        "__weakref__",
         "_finish_lock",
         "admitted_ns",
         "attempts",
@@ -113,6 +128,7 @@ class CallRecord:
         self.finish_reasons: tuple[str, ...] = ()
         self.error_type: str | None = None
         self.finished = False
+        _open_calls.add(self)
         # Set when nothing but the close of the response body will tell that the call is over
         # (a raw streaming response the caller reads by hand).
         self.finish_on_close = False
@@ -260,6 +276,7 @@ class CallRecord:
             if self.finished:
                 return
             self.finished = True
+        _open_calls.discard(self)
         released = now_ns if now_ns is not None else time.perf_counter_ns()
         self.released_ns = released
         try:
@@ -268,7 +285,10 @@ class CallRecord:
         except Exception as failure:  # what @guarded does, without its extra frame on every call
             report("call.finish", failure)
         finally:
-            self.span.end(end_time=self.wall_ns(released))
+            try:
+                self.span.end(end_time=self.wall_ns(released))
+            except Exception as failure:  # a span processor that raises must not reach the app
+                report("call.span_end", failure)
             if self.on_release is not None:
                 self._release()
 

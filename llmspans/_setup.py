@@ -32,7 +32,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 
-from llmspans import _budget, _content
+from llmspans import _budget, _call, _content, _transport
 from llmspans import _exporters as exporters
 from llmspans import _names as names
 from llmspans._exporters import PROTOCOLS, Compression, Protocol
@@ -201,6 +201,10 @@ def _set_up(
         metric_exporter.shutdown()
         notes.append("left the application's existing MeterProvider alone (metrics go to its readers)")
 
+    # atexit runs last-registered first: ending the calls still open is registered after the
+    # providers, so it runs before they flush, whatever finalisers were registered before.
+    atexit.register(_call.end_open_calls)
+    atexit.register(_transport.end_open_attempts)
     if health is not None:
         # atexit runs last-registered first: this marks the exporters as closing before the
         # providers registered above flush, so a dead endpoint is not retried at exit.

@@ -90,7 +90,10 @@ class _Scope:
         except Exception as failure:  # what @guarded does, without its extra frame on every call
             report("stage.finish", failure)
         finally:
-            self.span.end()
+            try:
+                self.span.end()
+            except Exception as failure:  # a span processor that raises must not reach the app
+                report("stage.span_end", failure)
 
     def _write(self, elapsed_ns: int, error: BaseException | None, cut: bool) -> None:
         if error is not None:
@@ -444,7 +447,10 @@ class turn:
                 entry.span, entry.totals, time.perf_counter_ns() - entry.started_ns, entry.budget, error
             )
         finally:
-            entry.span.end()
+            try:
+                entry.span.end()
+            except Exception as failure:
+                report("turn.span_end", failure)
 
     @guarded("turn.finish", None)
     def _write(

@@ -58,6 +58,7 @@ class _StreamProxy(wrapt.ObjectProxy[Any]):
             self._self_on_end(outcome, error)
         except Exception as failure:
             report("stream.end", failure)
+            self._self_record.finish(outcome, error=error)  # the adapter's hook failed: the call still ends
 
 
 class SyncStreamProxy(_StreamProxy):

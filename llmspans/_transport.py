@@ -34,13 +34,19 @@ from llmspans._limiter import Limiter
 
 active_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("llmspans_call", default=None)
 
+# Query parameters whose value is redacted in url.full: these names, or any name ending in one
+# of the suffixes, compared without '-' and '_' and case (x-api-key, access-token, api_token...).
 _SECRET_QUERY_KEYS = frozenset(
-    {
-        "api-key", "api_key", "apikey", "key", "token", "access_token", "auth", "authorization", "sig",
-        "signature", "code", "password", "secret", "client_secret", "x-amz-signature", "x-amz-credential",
-        "x-amz-security-token", "x-goog-signature",
-    }
-)  # fmt: skip
+    {"key", "auth", "authorization", "sig", "code", "credential", "password", "secret"}
+)
+_SECRET_QUERY_SUFFIXES = ("key", "token", "secret", "signature", "password", "credential", "sig")
+
+
+def _secret_query_key(key: str) -> bool:
+    folded = key.lower().replace("-", "").replace("_", "")
+    return folded in _SECRET_QUERY_KEYS or folded.endswith(_SECRET_QUERY_SUFFIXES)
+
+
 _RETRY_HEADER = "x-stainless-retry-count"
 
 
@@ -78,12 +84,9 @@ def safe_url(url: Any) -> str:
     if not url.query:
         return text
     params = url.params
-    if not any(key.lower() in _SECRET_QUERY_KEYS for key in params):
+    if not any(_secret_query_key(key) for key in params):
         return text
-    redacted = [
-        (key, "REDACTED" if key.lower() in _SECRET_QUERY_KEYS else value)
-        for key, value in params.multi_items()
-    ]
+    redacted = [(key, "REDACTED" if _secret_query_key(key) else value) for key, value in params.multi_items()]
     return str(url.copy_with(username=None, password=None, params=redacted))
 
 
@@ -99,10 +102,23 @@ def cause_of(error: BaseException) -> str:
     return kind
 
 
+# Attempts whose body is still open, so the exit hook can end them before the providers flush.
+_open_attempts: weakref.WeakSet[_AttemptScope] = weakref.WeakSet()
+
+
+def end_open_attempts() -> None:
+    """At interpreter exit: end every attempt whose response body was never closed (and its call)."""
+    for scope in list(_open_attempts):
+        with swallow("transport.exit"):
+            scope.close()
+
+
 class _AttemptScope:
     """One attempt: its span, its record on the call, and the close of its response body."""
 
-    __slots__ = ("attempt", "closed", "connect_started_ns", "observer", "owns_call", "record", "span")
+    __slots__ = (
+        "__weakref__", "attempt", "closed", "connect_started_ns", "observer", "owns_call", "record", "span",
+    )  # fmt: skip
 
     def __init__(
         self, record: CallRecord, request: Any, owns_call: bool, observer: BodyObserver | None
@@ -112,6 +128,7 @@ class _AttemptScope:
         self.owns_call = owns_call
         self.observer = observer
         self.closed = False
+        _open_attempts.add(self)
         self.connect_started_ns = 0
         self.attempt: Attempt = record.attempt(now)
         url = request.url
@@ -133,7 +150,8 @@ class _AttemptScope:
             request.method, context=parent, kind=SpanKind.CLIENT, attributes=attributes,
             start_time=record.wall_ns(now),
         )  # fmt: skip
-        propagate.inject(request.headers, context=trace.set_span_in_context(self.span, parent))
+        with swallow("transport.inject"):  # a raising propagator must not leave the span open
+            propagate.inject(request.headers, context=trace.set_span_in_context(self.span, parent))
 
     def on_trace_event(self, event: str) -> None:
         if event == "connection.connect_tcp.started":
@@ -172,11 +190,13 @@ class _AttemptScope:
         if self.closed:
             return
         self.closed = True
+        _open_attempts.discard(self)
         now = time.perf_counter_ns()
         self.attempt.ended_ns = now
         with swallow("transport.close"):
             self._write_connection()
-        self.span.end(end_time=self.record.wall_ns(now))
+        with swallow("transport.span_end"):  # a span processor that raises must not reach the app
+            self.span.end(end_time=self.record.wall_ns(now))
         if self.owns_call:
             if self.observer is not None:
                 with swallow("transport.observer"):

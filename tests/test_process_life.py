@@ -336,14 +336,6 @@ def test_exit_with_open_streams_flushes_their_spans(tmp_path: Path) -> None:
     check_exit(tmp_path, finalizer_first=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="open calls are ended only by weakref.finalize's atexit hook; when any finalizer was made "
-    "before configure() (tempfile.TemporaryDirectory, ...), that hook runs after the providers' "
-    "shutdown and the spans are dropped: _setup should register its own atexit hook, after the "
-    "providers, that ends every open CallRecord (a registry of live records in _call.py)",
-)
 def test_exit_with_open_streams_flushes_them_whatever_came_before_configure(tmp_path: Path) -> None:
     check_exit(tmp_path, finalizer_first=True)
 
