@@ -37,13 +37,19 @@ from llmspans import _names as names
 from llmspans import _simulator
 from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import Captured
+from tests.timing import (
+    CLIENT_SIDE,
+    EXACT,
+    TOLERANCE,
+    assert_buckets_sum_to_duration,
+    assert_client_view,
+    attempt_spans,
+    bucket,
+)
 
 # As in tests/test_openai.py: arrival-to-arrival figures (stream, gaps) within EXACT of the server's
 # own stamps; figures that also hold the client's own work from the server's up to CLIENT_SIDE more;
 # the delays the server was told to use within TOLERANCE (a loaded 2-core box oversleeps).
-EXACT = 0.004
-CLIENT_SIDE = 0.010
-TOLERANCE = 0.030
 
 CLIENTS = ["httpx.Client", "httpx.AsyncClient", "httpx2.Client", "httpx2.AsyncClient"]
 ASYNC_CLIENTS = [kind for kind in CLIENTS if kind.endswith("AsyncClient")]
@@ -162,23 +168,6 @@ def call_span(captured: Captured) -> Any:
     spans = call_spans(captured)
     assert len(spans) == 1, [s.name for s in captured.spans]
     return spans[0]
-
-
-def attempt_spans(captured: Captured) -> list[Any]:
-    return [s for s in captured.spans if s.name == "POST"]
-
-
-def bucket(span: Any, name: str) -> float:
-    return float(span.attributes[names.BUCKET_PREFIX + name])
-
-
-def assert_client_view(measured: float, server_view: float) -> None:
-    assert server_view - 0.001 <= measured <= server_view + CLIENT_SIDE
-
-
-def assert_buckets_sum_to_duration(span: Any) -> None:
-    total = sum(bucket(span, b) for b in names.BUCKETS)
-    assert total == pytest.approx((span.end_time - span.start_time) * 1e-9, abs=2e-6)
 
 
 def is_content(line: str) -> bool:

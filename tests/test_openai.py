@@ -22,20 +22,17 @@ import llmspans
 from llmspans import _names as names
 from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import Captured
-from tests.timing import retry_timing
+from tests.timing import (
+    EXACT,
+    TOLERANCE,
+    assert_buckets_sum_to_duration,
+    assert_client_view,
+    attempt_spans,
+    bucket,
+    retry_timing,
+)
 
-# Each bucket is compared with what the server actually did (its own stamps, same clock):
-# arrival-to-arrival figures (stream, gaps) within EXACT; figures that also hold the client's
-# own work (building the request before it leaves, which first_token and retry include by
-# design) from the server's figure up to CLIENT_SIDE more. And with the delays the server was
-# told to use within TOLERANCE (a loaded 2-core box oversleeps; its stamps show by how much).
-EXACT = 0.004
-CLIENT_SIDE = 0.010
-TOLERANCE = 0.030
-
-
-def assert_client_view(measured: float, server_view: float) -> None:
-    assert server_view - 0.001 <= measured <= server_view + CLIENT_SIDE
+# Tolerances (EXACT, CLIENT_SIDE, TOLERANCE) and the span helpers live in tests/timing.py.
 
 
 SECRET = "sk-test-SECRET-key-123"
@@ -65,19 +62,6 @@ def call_span(captured: Captured) -> Any:
     spans = [s for s in captured.spans if (s.attributes or {}).get(names.STAGE) == "llm"]
     assert len(spans) == 1, [s.name for s in captured.spans]
     return spans[0]
-
-
-def attempt_spans(captured: Captured) -> list[Any]:
-    return [s for s in captured.spans if s.name == "POST"]
-
-
-def bucket(span: Any, name: str) -> float:
-    return float(span.attributes[names.BUCKET_PREFIX + name])
-
-
-def assert_buckets_sum_to_duration(span: Any) -> None:
-    total = sum(bucket(span, b) for b in names.BUCKETS)
-    assert total == pytest.approx((span.end_time - span.start_time) * 1e-9, abs=2e-6)
 
 
 STREAM = Behavior(first_chunk_delay=0.08, chunk_gap=0.02, chunks=6)

@@ -6,6 +6,17 @@ import functools
 import inspect
 from typing import Any
 
+import pytest
+
+from llmspans import _names as names
+from llmspans.testing import Captured
+
+# Each bucket is compared with what the server actually did (its own stamps, same clock):
+# arrival-to-arrival figures (stream, gaps) within EXACT; figures that also hold the client's
+# own work (building the request before it leaves, which first_token and retry include by
+# design) from the server's figure up to CLIENT_SIDE more. And with the delays the server was
+# told to use within TOLERANCE (a loaded 2-core box oversleeps; its stamps show by how much).
+
 
 def retry_timing(test: Any) -> Any:
     """Run a timing test up to three times: a scheduler hiccup on a loaded 2-core machine can
@@ -42,3 +53,25 @@ def retry_timing(test: Any) -> Any:
                 reset(kwargs)
 
     return wrapper
+
+
+EXACT = 0.004
+CLIENT_SIDE = 0.010
+TOLERANCE = 0.030
+
+
+def attempt_spans(captured: Captured) -> list[Any]:
+    return [s for s in captured.spans if s.name == "POST"]
+
+
+def bucket(span: Any, name: str) -> float:
+    return float(span.attributes[names.BUCKET_PREFIX + name])
+
+
+def assert_client_view(measured: float, server_view: float) -> None:
+    assert server_view - 0.001 <= measured <= server_view + CLIENT_SIDE
+
+
+def assert_buckets_sum_to_duration(span: Any) -> None:
+    total = sum(bucket(span, b) for b in names.BUCKETS)
+    assert total == pytest.approx((span.end_time - span.start_time) * 1e-9, abs=2e-6)
