@@ -112,12 +112,21 @@ def serve_otlp() -> int:
     return 0
 
 
+def _die_with_parent() -> None:
+    """In a child, before it runs: get SIGTERM if this process dies, so no server outlives a killed run."""
+    if sys.platform == "linux":
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class _Process:
     """A child process whose first line of output is the URL it serves on."""
 
     def __init__(self, argv: list[str], what: str) -> None:
         self.what = what
-        self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
         assert self.popen.stdout is not None
         self.url = self.popen.stdout.readline().strip()
         if not self.url:
@@ -470,8 +479,9 @@ class WorkerProcess:
             "--others-exporter", others,
         ]  # fmt: skip
         self.popen = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=workdir
-        )
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=workdir,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
 
     def wait_ready(self) -> None:
         self._read()
