@@ -41,6 +41,7 @@ from tests.timing import (
     CLIENT_SIDE,
     EXACT,
     TOLERANCE,
+    all_exported_text,
     assert_buckets_sum_to_duration,
     assert_client_view,
     attempt_spans,
@@ -667,18 +668,6 @@ async def test_second_request_reuses_the_connection(
     assert second_attempt.attributes[names.CONNECT_REUSED] is True
     assert second_attempt.attributes[names.CONNECT_DURATION] == 0
     assert server.connections_opened == 1
-
-
-def all_exported_text(captured: Captured) -> str:
-    parts = []
-    for span in captured.spans:
-        parts.append(span.name)
-        parts.append(json.dumps(dict(span.attributes or {}), default=str))
-        for event in span.events:
-            parts.append(json.dumps(dict(event.attributes or {}), default=str))
-    for point in captured.metric_points():
-        parts.append(json.dumps(dict(point.attributes), default=str))
-    return "\n".join(parts)
 
 
 async def test_no_credentials_in_the_url_or_any_attribute(

@@ -25,6 +25,7 @@ from llmspans.testing import Captured
 from tests.timing import (
     EXACT,
     TOLERANCE,
+    all_exported_text,
     assert_buckets_sum_to_duration,
     assert_client_view,
     attempt_spans,
@@ -400,18 +401,6 @@ def test_usage_in_the_finish_chunk_is_read(server: SimulatedServer, captured: Ca
     server.default = Behavior(chunks=3, usage="finish", done=False)
     list(sync_client(server).chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
     assert call_span(captured).attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
-
-
-def all_exported_text(captured: Captured) -> str:
-    parts = []
-    for span in captured.spans:
-        parts.append(span.name)
-        parts.append(json.dumps(dict(span.attributes or {}), default=str))
-        for event in span.events:
-            parts.append(json.dumps(dict(event.attributes or {}), default=str))
-    for point in captured.metric_points():
-        parts.append(json.dumps(dict(point.attributes), default=str))
-    return "\n".join(parts)
 
 
 def test_no_content_or_secret_by_default(server: SimulatedServer, captured: Captured) -> None:

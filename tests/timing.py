@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from typing import Any
 
 import pytest
@@ -75,3 +76,16 @@ def assert_client_view(measured: float, server_view: float) -> None:
 def assert_buckets_sum_to_duration(span: Any) -> None:
     total = sum(bucket(span, b) for b in names.BUCKETS)
     assert total == pytest.approx((span.end_time - span.start_time) * 1e-9, abs=2e-6)
+
+
+def all_exported_text(captured: Captured) -> str:
+    """Every span name, span and event attribute and metric attribute, as text to scan for secrets."""
+    parts = []
+    for span in captured.spans:
+        parts.append(span.name)
+        parts.append(json.dumps(dict(span.attributes or {}), default=str))
+        for event in span.events:
+            parts.append(json.dumps(dict(event.attributes or {}), default=str))
+    for point in captured.metric_points():
+        parts.append(json.dumps(dict(point.attributes), default=str))
+    return "\n".join(parts)
