@@ -19,6 +19,7 @@ import atexit
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +27,7 @@ from typing import Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    PeriodicExportingMetricReader,
-)
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -196,7 +195,9 @@ def _set_up(
         reader = PeriodicExportingMetricReader(
             metric_exporter, export_interval_millis=interval_ms or DEFAULT_METRIC_INTERVAL_MS
         )
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+        meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+        metrics.set_meter_provider(meter_provider)
+        _forget_metrics_in_a_forked_child(meter_provider, reader)
     else:
         metric_exporter.shutdown()
         notes.append("left the application's existing MeterProvider alone (metrics go to its readers)")
@@ -221,6 +222,34 @@ def _set_up(
         notes=tuple(notes),
         compression=resolved_compression,
     )
+
+
+def _forget_metrics_in_a_forked_child(provider: MeterProvider, reader: MetricReader) -> None:
+    """A forked child starts its metrics from zero, as the batch processor starts its span queue empty.
+
+    The child inherits the provider's aggregated points; left alone it would export the
+    parent's counts again as its own (the SDK gives the child a resource of its own, with a new
+    `service.instance.id`, but keeps the points). Swapping in fresh storage goes through the
+    SDK's measurement consumer, a private part: if it ever changes shape, the child keeps the
+    SDK's behaviour and says so at DEBUG.
+    """
+    if not hasattr(os, "register_at_fork"):
+        return
+    provider_ref = weakref.ref(provider)
+
+    def after_fork_in_child() -> None:
+        current_provider = provider_ref()
+        if current_provider is None:
+            return
+        try:
+            consumer = current_provider._measurement_consumer
+            consumer._lock = threading.Lock()  # a fork during a collection leaves it held
+            consumer.remove_metric_reader(reader)
+            consumer.add_metric_reader(reader)  # fresh storage: no points, start times from now
+        except Exception:
+            logger.debug("llmspans: could not reset metric state after fork", exc_info=True)
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
 
 
 def current() -> Configuration | None:

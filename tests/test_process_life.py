@@ -180,36 +180,39 @@ def test_fork_after_configure_exports_each_span_once(
             assert span["attributes"][names.STREAM_OUTCOME] == "completed"
 
 
-def stage_counts(requests: list[dict[str, Any]]) -> list[dict[str, int]]:
-    """Per metric export: the count of `llmspans.stage.duration` points by stage."""
+def stage_counts(requests: list[dict[str, Any]]) -> list[tuple[str, dict[str, int]]]:
+    """Per metric export: the exporter's `service.instance.id` and its `llmspans.stage.duration` counts by stage."""
     exports = []
     for request in requests:
         for resource_metrics in request.get("resourceMetrics", []):
+            resource = {
+                item["key"]: attribute_value(item["value"])
+                for item in resource_metrics["resource"]["attributes"]
+            }
             for scope_metrics in resource_metrics.get("scopeMetrics", []):
                 for metric in scope_metrics.get("metrics", []):
                     if metric["name"] == names.METRIC_STAGE_DURATION:
-                        exports.append({
+                        exports.append((resource["service.instance.id"], {
                             attribute_value(point["attributes"][0]["value"]): int(point["count"])
                             for point in metric["histogram"]["dataPoints"]
-                        })  # fmt: skip
+                        }))  # fmt: skip
     return exports
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the child inherits the MeterProvider's aggregated points and exports them again under the "
-    "same resource: after fork, _setup should give the child fresh metric state (and a resource of its "
-    "own, e.g. service.instance.id), as the SDK's batch processor does for spans",
-)
 def test_fork_after_configure_does_not_report_the_parents_metrics_again(tmp_path: Path) -> None:
     path = tmp_path / "traces.jsonl"
     result = run_python(f"CONFIGURE = {{'traces_file': {str(path)!r}}}\n" + textwrap.dedent(FORK_APP))
     assert result.returncode == 0, result.stderr
     exports = stage_counts(file_requests(path))
-    child = [counts for counts in exports if "child" in counts]
+    child = [(instance, counts) for instance, counts in exports if "child" in counts]
+    parent = [(instance, counts) for instance, counts in exports if "before" in counts]
     assert child, exports
-    assert all(set(counts) <= {"child", "llm"} for counts in child), child
+    assert parent, exports
+    # The child reports only what it did (3 stages, 1 call), as an instance of its own.
+    assert child[-1][1] == {"child": 3, "llm": 1}, child
+    assert {instance for instance, _ in child}.isdisjoint(instance for instance, _ in parent), exports
+    # The parent's points are untouched by the fork: everything it did, before and after.
+    assert parent[-1][1] == {"before": 5, "queued": 7, "after": 2, "llm": 2}, parent
 
 
 FORK_MID_WRITE_APP = """
