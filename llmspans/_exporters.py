@@ -3,7 +3,8 @@
 What an OTLP export promises (DESIGN §4, "set-up and export"):
 
 - memory is bounded: at most `SPAN_QUEUE_SIZE` spans wait for export; when the backend is
-  slow or down, newer spans are dropped instead of queued;
+  slow or down, the oldest waiting spans make room for new ones (the SDK's queue evicts from
+  its far end), and every span lost that way is counted in `ExportHealth.dropped`;
 - nothing reaches the app: exporting runs on the SDK's worker threads, and an exception
   from an exporter is swallowed;
 - an unreachable endpoint is said once: a WARNING on the `llmspans` logger names the
@@ -30,6 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
@@ -46,7 +48,7 @@ Compression = Literal["gzip", "none"]
 COMPRESSIONS: tuple[Compression, ...] = ("gzip", "none")
 
 SPAN_QUEUE_SIZE = 2048
-"""Spans waiting for export, at most (a few MB); beyond it new spans are dropped. `OTEL_BSP_MAX_QUEUE_SIZE` wins."""
+"""Spans waiting for export, at most (a few MB); beyond it the oldest are dropped. `OTEL_BSP_MAX_QUEUE_SIZE` wins."""
 SPAN_BATCH_SIZE = 512
 """Spans per export request. `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` wins."""
 EXPORT_TIMEOUT_S = 5.0
@@ -259,6 +261,9 @@ _NETWORK_ERROR = re.compile(
     r"|No route to host|Network is unreachable|certificate verify failed"
 )
 _HTTP_CODE = re.compile(r"code: (\d{3})\b")
+_HTTP_TRANSIENT = re.compile(r"Transient error (.+?) encountered")
+"""The SDK's retry warning names the status by its reason phrase ("Service Unavailable"), not its code."""
+_HTTP_CODE_BY_PHRASE = {status.phrase.lower(): status.value for status in HTTPStatus}
 _GRPC_CODE = re.compile(r"StatusCode\.([A-Z_]+)")
 
 
@@ -279,6 +284,10 @@ def _failure_cause(error: BaseException | None, elapsed: float, exporter_logger:
         return f"{type(error).__name__}: {error}"[:200]
     recent = list(reversed(_repeat_filter.recent.get(exporter_logger, ())))
     for message in recent:
+        transient = _HTTP_TRANSIENT.search(message)
+        code = _HTTP_CODE_BY_PHRASE.get(transient.group(1).strip().lower()) if transient else None
+        if code is not None:
+            return f"HTTP {code}"
         for pattern, shown in ((_NETWORK_ERROR, "{}"), (_HTTP_CODE, "HTTP {}"), (_GRPC_CODE, "gRPC {}")):
             found = pattern.search(message)
             if found and found.group(found.lastindex or 0) != "DEADLINE_EXCEEDED":
@@ -384,13 +393,42 @@ def mark_closing(health: tuple[ExportHealth, ...]) -> None:
         signal_health.closing = True
 
 
+class _CountingSpanProcessor(BatchSpanProcessor):
+    """A batch processor that counts the spans its full queue evicts, which the SDK drops silently.
+
+    The SDK's queue is a bounded deque: a span ended while it is full pushes the oldest one out
+    (and one ended after shutdown is ignored). Reading the queue is a private part of the SDK;
+    should it change shape, spans are still exported, only no longer counted.
+    """
+
+    def __init__(self, exporter: _GuardedSpanExporter, **options: Any) -> None:
+        super().__init__(exporter, **options)
+        self._health = exporter.health
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            batch = self._batch_processor
+            queue = batch._queue
+            if (span.context is not None and span.context.trace_flags.sampled) and (
+                batch._shutdown or len(queue) == queue.maxlen
+            ):
+                self._health.skipped(1)
+        except Exception:  # counting must never stop a span from being queued
+            pass
+        super().on_end(span)
+
+
 def span_processor(exporter: SpanExporter) -> BatchSpanProcessor:
     """A batch processor whose queue is bounded (`SPAN_QUEUE_SIZE`) unless the standard variables say otherwise."""
-    return BatchSpanProcessor(
-        exporter,
-        max_queue_size=None if os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else SPAN_QUEUE_SIZE,
-        max_export_batch_size=None if os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") else SPAN_BATCH_SIZE,
-    )
+    options: dict[str, Any] = {
+        "max_queue_size": None if os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else SPAN_QUEUE_SIZE,
+        "max_export_batch_size": (
+            None if os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") else SPAN_BATCH_SIZE
+        ),
+    }
+    if isinstance(exporter, _GuardedSpanExporter):
+        return _CountingSpanProcessor(exporter, **options)
+    return BatchSpanProcessor(exporter, **options)
 
 
 def resolve_compression(compression: str | None) -> Compression | None:
