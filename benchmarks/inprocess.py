@@ -1,0 +1,331 @@
+"""In-process A/B of llmspans' added client CPU, and where it goes (issue 8).
+
+`overhead.py` measures over real loopback HTTP, which is what users run, but its baseline
+moves by ±15 % between blocks on a shared machine: it resolves hundreds of µs per call, not
+a µs per chunk. This harness removes the network: a plain and an llmspans-instrumented
+openai 3.x client talk to the same in-memory httpx2 transport (canned JSON and SSE bodies,
+iterated and closed as httpcore does), in one process, alternating A B B A, and it prints
+the median of the paired differences.
+
+`--ablate` switches parts of llmspans' output off in the instrumented client, one run per
+setting, to show what each part costs:
+
+- `metrics`: every histogram record and counter add is a no-op;
+- `export`: spans are still made but the exporter drops them unencoded;
+- `attempt`: no attempt span and no `traceparent` header (the call span stays);
+- `gc`: the garbage collector is off in both clients.
+
+`--hot-path` measures the per-chunk path alone: pre-parsed chunks through the stream proxy,
+the chat reader and the call record, with a stamp per read as the transport makes it,
+against the same chunks iterated bare.
+
+    python benchmarks/inprocess.py --mode otlp
+    python benchmarks/inprocess.py --mode otlp --what calls --ablate "" metrics export attempt metrics,attempt
+    python benchmarks/inprocess.py --hot-path
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import functools
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import timeit
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+MESSAGES = [{"role": "user", "content": "hi"}]
+MODEL = "gpt-4o-mini"
+
+
+def bodies(chunks: int) -> tuple[bytes, list[bytes]]:
+    """A non-streamed answer (16-ish tokens, usage) and the SSE events of a stream of `chunks` chunks."""
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
+    message = {"role": "assistant", "content": "Hello, this is a simulated reply.", "refusal": None}
+    full = {
+        **base,
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13},
+    }
+
+    def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n"
+
+    events = [event({"role": "assistant"})]
+    events += [event({"content": " tok"}) for _ in range(chunks)]
+    events += [event({}, "stop"), b"data: [DONE]\n\n"]
+    return json.dumps(full).encode(), events
+
+
+def clients(chunks: int) -> dict[str, Callable[[bool], Any]]:
+    """Factories of sync and async openai clients on the in-memory transport (instrumented or not)."""
+    import httpx2
+    import openai
+
+    import llmspans
+
+    full, events = bodies(chunks)
+
+    class _AsyncBody:
+        def __init__(self, parts: list[bytes]) -> None:
+            self._parts = parts
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            for part in self._parts:
+                yield part
+
+    def respond(request: Any, body_of: Callable[[list[bytes]], Any]) -> Any:
+        streamed = json.loads(request.content).get("stream")
+        kind = "text/event-stream" if streamed else "application/json"
+        return httpx2.Response(
+            200, headers={"content-type": kind}, content=body_of(events if streamed else [full])
+        )
+
+    class SyncTransport(httpx2.BaseTransport):  # type: ignore[misc]
+        def handle_request(self, request: Any) -> Any:
+            return respond(request, iter)
+
+    class AsyncTransport(httpx2.AsyncBaseTransport):  # type: ignore[misc]
+        async def handle_async_request(self, request: Any) -> Any:
+            return respond(request, _AsyncBody)
+
+    def sync_client(instrumented: bool) -> Any:
+        http = openai.DefaultHttpxClient(transport=SyncTransport())
+        client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0, http_client=http)
+        return llmspans.instrument(client) if instrumented else client
+
+    def async_client(instrumented: bool) -> Any:
+        http = openai.DefaultAsyncHttpxClient(transport=AsyncTransport())
+        client = openai.AsyncOpenAI(
+            base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0, http_client=http
+        )
+        return llmspans.instrument(client) if instrumented else client
+
+    return {"sync": sync_client, "async": async_client}
+
+
+def _flush() -> None:
+    from opentelemetry import trace
+
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if force_flush is not None:
+        force_flush()
+
+
+def workloads(loop: asyncio.AbstractEventLoop) -> dict[str, tuple[str, Callable[[Any, int], float]]]:
+    """name -> (client kind, run(client, n) -> CPU seconds per call or per chunk, export flushed)."""
+
+    def calls(client: Any, n: int) -> float:
+        started = time.process_time()
+        for _ in range(n):
+            client.chat.completions.create(model=MODEL, messages=MESSAGES)
+        _flush()
+        return (time.process_time() - started) / n
+
+    def streams(client: Any, n: int) -> float:
+        started, items = time.process_time(), 0
+        for _ in range(n):
+            for _chunk in client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True):
+                items += 1
+        _flush()
+        return (time.process_time() - started) / items
+
+    async def acalls_(client: Any, n: int) -> float:
+        started = time.process_time()
+        for _ in range(n):
+            await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+        _flush()
+        return (time.process_time() - started) / n
+
+    async def astreams_(client: Any, n: int) -> float:
+        started, items = time.process_time(), 0
+        for _ in range(n):
+            async for _chunk in await client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, stream=True
+            ):
+                items += 1
+        _flush()
+        return (time.process_time() - started) / items
+
+    return {
+        "calls": ("sync", calls),
+        "streams": ("sync", streams),
+        "acalls": ("async", lambda client, n: loop.run_until_complete(acalls_(client, n))),
+        "astreams": ("async", lambda client, n: loop.run_until_complete(astreams_(client, n))),
+    }
+
+
+def ablate(parts: list[str]) -> None:
+    """Switch parts of llmspans' output off (after configure, before any client is made)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.export import SpanExportResult
+    from opentelemetry.trace import INVALID_SPAN
+
+    import llmspans._telemetry as telemetry
+    import llmspans._transport as transport
+
+    if "gc" in parts:
+        gc.disable()
+    if "metrics" in parts:
+
+        class _Nothing:
+            def record(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
+            def add(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
+        class _NoInstruments:
+            def __getattr__(self, name: str) -> _Nothing:
+                return _Nothing()
+
+        telemetry._global = (telemetry.tracer(), _NoInstruments())  # type: ignore[assignment]
+    if "export" in parts:
+        for processor in trace.get_tracer_provider()._active_span_processor._span_processors:  # type: ignore[attr-defined]
+            processor._batch_processor._exporter.export = lambda spans: SpanExportResult.SUCCESS
+    if "attempt" in parts:
+
+        class _NoSpans:
+            def tracer(self) -> _NoSpans:
+                return self
+
+            def start_span(self, *args: Any, **kwargs: Any) -> Any:
+                return INVALID_SPAN
+
+        class _NoPropagation:
+            def inject(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
+        transport._telemetry = _NoSpans()  # type: ignore[assignment]
+        transport.propagate = _NoPropagation()  # type: ignore[assignment]
+
+
+def paired(
+    run: Callable[[Any, int], float], plain: Any, instrumented: Any, n: int, repeats: int
+) -> list[float]:
+    """Added seconds per unit, one figure per repetition, the order alternating (A B, B A, ...)."""
+    run(plain, max(1, n // 10))
+    run(instrumented, max(1, n // 10))
+    added = []
+    for repeat in range(repeats):
+        if repeat % 2:
+            with_llmspans = run(instrumented, n)
+            without = run(plain, n)
+        else:
+            without = run(plain, n)
+            with_llmspans = run(instrumented, n)
+        added.append(with_llmspans - without)
+    return added
+
+
+def hot_path(chunks: int) -> None:
+    """Per chunk, the instrumented stream's own work on pre-parsed chunks, against iterating them bare."""
+    from openai.types.chat import ChatCompletionChunk
+
+    from llmspans import _openai
+    from llmspans._call import CallRecord
+    from llmspans._stream import SyncStreamProxy
+
+    payload = {
+        "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+        "choices": [{"index": 0, "delta": {"content": " tok"}, "logprobs": None, "finish_reason": None}],
+    }  # fmt: skip
+    items = [ChatCompletionChunk.model_validate(payload) for _ in range(chunks)]
+
+    def reads(record: CallRecord | None) -> Iterator[Any]:
+        clock = time.perf_counter_ns
+        for item in items:
+            if record is not None:
+                record.bytes_at_ns = clock()  # what the transport does per network read
+            yield item
+
+    def bare() -> None:
+        for _ in reads(None):
+            pass
+
+    def instrumented() -> None:
+        record = CallRecord(operation="chat", model=MODEL, provider="openai", stream=True)
+        call = _openai._Call(record, "/chat/completions", False, False)
+        reader = functools.partial(_openai._chat_item, call)
+        for _ in SyncStreamProxy(reads(record), record, reader, lambda outcome, error: None):
+            pass
+        record.finished = True  # not ended: the call's fixed cost is measured by the A/B
+
+    def best(function: Callable[[], None]) -> float:
+        return min(timeit.repeat(function, number=10, repeat=30)) / 10 / chunks
+
+    print(f"hot path: {(best(instrumented) - best(bare)) * 1e9:.0f} ns added per chunk "
+          f"(stamp per read, proxy, chat reader, call record; best of 30)")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("none", "file", "otlp"), default="otlp",
+                        help="no provider, the embedded default file, or OTLP/HTTP to a local sink")  # fmt: skip
+    parser.add_argument("--what", nargs="+", default=["calls", "streams", "acalls", "astreams"],
+                        choices=("calls", "streams", "acalls", "astreams"))  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=200, help="non-streamed calls per repetition")
+    parser.add_argument("--streams", type=int, default=1, help="streams per repetition")
+    parser.add_argument("--chunks", type=int, default=2000, help="content chunks per stream")
+    parser.add_argument("--ablate", nargs="*", default=[""],
+                        help="comma-separated parts to switch off, one run per setting ('' for none)")  # fmt: skip
+    parser.add_argument("--hot-path", action="store_true", help="only the per-chunk hot path")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # one ablation setting, in a fresh process
+    args = parser.parse_args(argv)
+
+    if args.hot_path:
+        hot_path(args.chunks)
+        return 0
+    if (
+        args.one is None
+    ):  # each setting in a process of its own: configure() and ablation are once per process
+        for setting in args.ablate:
+            command = [sys.executable, __file__, "--one", setting, "--mode", args.mode, "--what", *args.what,
+                       "--repeats", str(args.repeats), "--calls", str(args.calls),
+                       "--streams", str(args.streams), "--chunks", str(args.chunks)]  # fmt: skip
+            subprocess.run(command, check=True)
+        return 0
+
+    if args.mode == "otlp":
+        sink = subprocess.Popen(
+            [sys.executable, str(HERE / "overhead.py"), "--serve-otlp"], stdout=subprocess.PIPE, text=True
+        )
+        assert sink.stdout is not None
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.stdout.readline().strip()
+        atexit.register(sink.terminate)  # before configure(): runs after the providers' last export
+    import llmspans
+
+    if args.mode == "file":
+        llmspans.configure(traces_file=os.path.join(os.environ.get("TMPDIR", "/tmp"), "inprocess.jsonl"))
+    elif args.mode == "otlp":
+        llmspans.configure()
+    ablate([part for part in args.one.split(",") if part])
+    loop = asyncio.new_event_loop()
+    factories = clients(args.chunks)
+    for name in args.what:
+        kind, run = workloads(loop)[name]
+        n = args.calls if "calls" in name else args.streams
+        added = paired(run, factories[kind](False), factories[kind](True), n, args.repeats)
+        low, _, high = statistics.quantiles(added, n=4)
+        unit = "call" if "calls" in name else "chunk"
+        print(f"{args.mode:5} off={args.one or '-':16} {name:9} added {statistics.median(added) * 1e6:8.2f} "
+              f"µs/{unit}  IQR {low * 1e6:.2f}..{high * 1e6:.2f}", flush=True)  # fmt: skip
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
