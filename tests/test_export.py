@@ -21,7 +21,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent import futures
@@ -33,6 +32,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 import llmspans
 from llmspans import _exporters, _setup
+from tests.support.outage import run_outage_app
 from tests.support.realservers import PhoenixServer
 
 APP = """
@@ -202,57 +202,6 @@ def test_bad_compression_is_a_clear_value_error(
 # ----------------------------------------------------------------------------------------------
 # An endpoint that is down, or that never answers
 
-OUTAGE_APP = """
-import atexit, json, logging, os, statistics, sys, time
-logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s|%(levelname)s|%(message)s")
-import llmspans, openai
-from llmspans import _setup
-from llmspans._simulator import Behavior, SimulatedServer
-
-def at_exit():  # registered before configure(): runs after the providers' final flush
-    print(json.dumps({"dropped": _setup._export_health[0].dropped}), flush=True)
-
-atexit.register(at_exit)
-
-def rss():
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-llmspans.configure(service_name="outage", endpoint=ENDPOINT, protocol=PROTOCOL)
-
-@llmspans.stage("work")
-def work():
-    pass
-
-for _ in range(3000):  # more than the queue holds: the exporter is busy failing from here on
-    work()
-with SimulatedServer(Behavior(chunks=8, chunk_gap=0.002, usage="finish")) as server:
-    plain = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
-    instrumented = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0))
-
-    def call(client):
-        started = time.perf_counter()
-        for _ in client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}], stream=True):
-            pass
-        return time.perf_counter() - started
-
-    for client in (plain, instrumented):
-        call(client)
-    timings = {"plain": [], "instrumented": []}
-    for _ in range(CALLS):
-        timings["plain"].append(call(plain))
-        timings["instrumented"].append(call(instrumented))
-before = rss()
-for _ in range(5000):
-    work()
-after = rss()
-print(json.dumps({
-    "plain": statistics.median(timings["plain"]),
-    "instrumented": statistics.median(timings["instrumented"]),
-    "rss_growth": after - before,
-}), flush=True)
-"""
-
 
 @pytest.fixture
 def silent_port() -> Iterator[int]:
@@ -295,24 +244,8 @@ CALLS = 25
 def test_an_unreachable_endpoint_costs_the_app_nothing(protocol: str, outage: str, silent_port: int) -> None:
     port = closed_port() if outage == "closed" else silent_port
     endpoint = f"http://127.0.0.1:{port}"
-    code = f"ENDPOINT = {endpoint!r}\nPROTOCOL = {protocol!r}\nCALLS = {CALLS}\n" + textwrap.dedent(
-        OUTAGE_APP
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-c", code],
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()  # the app's work is done when it prints
-    done = time.monotonic()
-    at_exit, stderr = process.communicate(timeout=60)
-    exit_took = time.monotonic() - done
-    assert process.returncode == 0, stderr
-    assert "Traceback" not in stderr, stderr
-    result = json.loads(line) | json.loads(at_exit)
+    run = run_outage_app(endpoint, protocol, "outage", CALLS)
+    result, exit_took, stderr = run.result, run.exit_took, run.stderr
 
     # The calls: no slower than uninstrumented ones (medians, same process, a tolerance for the
     # instrumentation itself), although the exporter thread was failing or hanging all along.
@@ -323,8 +256,8 @@ def test_an_unreachable_endpoint_costs_the_app_nothing(protocol: str, outage: st
     # Exit: bounded, although nothing was ever delivered.
     assert exit_took < _exporters.SHUTDOWN_BOUND_S + 1.5, exit_took
 
-    records = [line.split("|", 2) for line in stderr.splitlines() if line.count("|") >= 2]
-    warnings = [message for name, level, message in records if name == "llmspans" and level == "WARNING"]
+    records = run.records()
+    warnings = run.warnings()
     target = f"{endpoint}/v1/traces" if protocol == "http/protobuf" else endpoint
     assert len(warnings) == 1, stderr
     assert warnings[0].startswith(f"llmspans: could not export spans to {target} (")

@@ -55,6 +55,7 @@ import llmspans
 from llmspans import _call, _exporters, _guard, _openai, _telemetry
 from llmspans import _names as names
 from llmspans._simulator import Behavior, SimulatedServer
+from tests.support.outage import OutageRun, run_outage_app
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -911,95 +912,19 @@ def collector_503() -> Iterator[ThreadingHTTPServer]:
     thread.join(5)
 
 
-APP_503 = """
-import atexit, json, logging, os, statistics, sys, time
-logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s|%(levelname)s|%(message)s")
-import llmspans, openai
-from llmspans import _setup
-from llmspans._simulator import Behavior, SimulatedServer
-
-def at_exit():  # registered before configure(): runs after the providers' final flush
-    print(json.dumps({"dropped": _setup._export_health[0].dropped, "failures": _setup._export_health[0].failures}), flush=True)
-
-atexit.register(at_exit)
-
-def rss():
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-llmspans.configure(service_name="collector-503", endpoint=ENDPOINT)
-created = 0
-
-@llmspans.stage("work")
-def work():
-    pass
-
-def spans(n):
-    global created
-    for _ in range(n):
-        work()
-    created += n
-
-spans(3000)  # more than the queue holds, while the first export is still being retried
-with SimulatedServer(Behavior(chunks=8, chunk_gap=0.002, usage="finish")) as server:
-    plain = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
-    instrumented = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0))
-
-    def call(client):
-        started = time.perf_counter()
-        for _ in client.chat.completions.create(model="sim", messages=[{"role": "user", "content": "hi"}], stream=True):
-            pass
-        return time.perf_counter() - started
-
-    for client in (plain, instrumented):
-        call(client)
-    timings = {"plain": [], "instrumented": []}
-    for _ in range(CALLS):
-        timings["plain"].append(call(plain))
-        timings["instrumented"].append(call(instrumented))
-    created += 2 * (CALLS + 1)  # a call span and an attempt span per instrumented call
-before = rss()
-spans(5000)
-after = rss()
-print(json.dumps({
-    "plain": statistics.median(timings["plain"]),
-    "instrumented": statistics.median(timings["instrumented"]),
-    "rss_growth": after - before,
-    "created": created,
-}), flush=True)
-"""
-
-
 @dataclass
-class Outage503:
-    result: dict[str, Any]
-    exit_took: float
-    stderr: str
+class Outage503(OutageRun):
     posts: list[tuple[str, int]]
-
-    def warnings(self) -> list[str]:
-        records = [line.split("|", 2) for line in self.stderr.splitlines() if line.count("|") >= 2]
-        return [message for name, level, message in records if name == "llmspans" and level == "WARNING"]
+    """(path, status) of every request the collector answered."""
 
 
 @pytest.fixture(scope="module")
 def outage_503(collector_503: ThreadingHTTPServer) -> Outage503:
-    """The app above, run once against the 503 collector; the tests below read what it did."""
+    """The outage app, run once against the 503 collector; the tests below read what it did."""
     endpoint = f"http://127.0.0.1:{collector_503.server_address[1]}"
-    code = f"ENDPOINT = {endpoint!r}\nCALLS = 25\n" + textwrap.dedent(APP_503)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLMSPANS_"))}
-    process = subprocess.Popen(
-        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()  # the app's work is done when it prints
-    done = time.monotonic()
-    at_exit, stderr = process.communicate(timeout=60)
-    exit_took = time.monotonic() - done
-    assert process.returncode == 0, stderr
-    assert "Traceback" not in stderr, stderr
+    run = run_outage_app(endpoint, "http/protobuf", "collector-503", calls=25)
     posts = list(collector_503.posts)  # type: ignore[attr-defined]
-    return Outage503(json.loads(line) | json.loads(at_exit), exit_took, stderr, posts)
+    return Outage503(run.result, run.exit_took, run.stderr, posts)
 
 
 def test_a_collector_answering_503_costs_the_app_nothing(outage_503: Outage503) -> None:
