@@ -97,6 +97,10 @@ CODE_FUNCTION: Final = "code.function.name"
 EVENT_ADMITTED: Final = "llmspans.admitted"
 EVENT_FIRST_TOKEN: Final = "llmspans.first_token"
 EVENT_LAST_TOKEN: Final = "llmspans.last_token"
+# The semantic conventions' exception event; llmspans writes its type, never its message.
+EVENT_EXCEPTION: Final = "exception"
+EXCEPTION_TYPE: Final = "exception.type"
+EXCEPTION_ESCAPED: Final = "exception.escaped"
 
 # --- metrics --------------------------------------------------------------------------------
 METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"

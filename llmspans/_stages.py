@@ -57,7 +57,9 @@ current_turn: contextvars.ContextVar[TurnTotals | None] = contextvars.ContextVar
 
 def _record_exception(span: Span, error: BaseException) -> None:
     """The exception's type only: its message may quote prompts or tool arguments."""
-    span.add_event("exception", {"exception.type": type(error).__qualname__, "exception.escaped": True})
+    span.add_event(
+        names.EVENT_EXCEPTION, {names.EXCEPTION_TYPE: type(error).__qualname__, names.EXCEPTION_ESCAPED: True}
+    )
     span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
     span.set_attribute(names.ERROR_TYPE, type(error).__qualname__)
 

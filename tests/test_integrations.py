@@ -5,9 +5,10 @@ is proven by reading it: every image pinned; every host:port a config names is a
 listening on that port (and exposing it); every data source a dashboard uses is provisioned; and
 every metric and label a dashboard, recording rule or alert queries is one the SDK really emits,
 translated by the OTLP-to-Prometheus rules of the pinned Prometheus. The SDK's metrics are not
-listed by hand: the `sdk` fixture runs a turn with stages and instrumented openai calls against
-the simulated server and reads what came out (names, units, instrument kinds, attribute keys and
-values) in the OTLP encoding Prometheus receives.
+listed by hand: the `sdk` fixture takes the run of tests/support/workload.py (stages, retried, laned
+and failed openai calls against the simulated server, a sampled vLLM simulator) and reads what came
+out (names, units, instrument kinds, attribute keys and values) in the OTLP encoding Prometheus
+receives.
 """
 
 from __future__ import annotations
@@ -19,15 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import yaml
-from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 
-import llmspans
 from llmspans import _names as names
-from llmspans._simulator import Behavior, SimulatedServer
-from llmspans.testing import capture
+from tests.support.workload import exercise
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -145,7 +142,6 @@ class Emitted:
     )  # otel name -> (unit, kind, prom base)
     span_attributes: dict[str, set[str]] = field(default_factory=dict)
     resource_attributes: set[str] = field(default_factory=set)
-    limiter_ran: bool = False
 
 
 def _kind(metric: Any) -> str:
@@ -161,45 +157,10 @@ def _value(any_value: Any) -> str:
 
 @pytest.fixture(scope="module")
 def sdk() -> Emitted:
-    """One turn with a retrieval, a guardrail and a tool, a retried stream and a plain call, then what came out."""
-    limiter_cls = getattr(llmspans, "Limiter", None)
-    fast = Behavior(chunks=4, usage="finish", chunk_gap=0.001)
-    with SimulatedServer(fast) as server, capture() as captured:
-        server.enqueue(Behavior(status=429, retry_after_ms=1), fast)
-        client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=2))
-
-        @llmspans.retrieval(budget="1us")  # always over: budget violations are emitted too
-        def search() -> list[str]:
-            return ["doc"]
-
-        @llmspans.stage("guardrail", budget=5)
-        def check() -> bool:
-            return True
-
-        @llmspans.tool(budget=5)
-        def weather(city: str) -> str:
-            return "sunny"
-
-        with llmspans.turn("chat", budget=30):
-            search()
-            check()
-            stream = client.chat.completions.create(
-                model="sim-model", messages=[{"role": "user", "content": "hi"}], stream=True
-            )
-            list(stream)
-            weather("Lyon")
-            client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "again"}])
-        if limiter_cls is not None:  # issue 5's lanes: the limiter gauges appear only when one is used
-            lane = limiter_cls(2, name="interactive")
-            laned = llmspans.instrument(
-                openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0), limiter=lane
-            )
-            laned.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "lane"}])
-        # MetricPoint has no unit or instrument kind: read the reader's data, encoded as OTLP.
-        request = encode_metrics(captured._reader.get_metrics_data())
-        spans = captured.spans
-
-    emitted = Emitted(limiter_ran=limiter_cls is not None)
+    """What tests/support/workload.py's run emitted (every span, attribute and metric the package has)."""
+    run = exercise()
+    request, spans = run.metrics, run.spans
+    emitted = Emitted()
     for resource_metrics in request.resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
@@ -238,12 +199,6 @@ def test_the_sdk_run_covers_every_metric_of_the_design(sdk: Emitted) -> None:
         and not key.startswith("METRIC_ATTR")
         and value.startswith(("gen_ai.", "llmspans."))
     }
-    if not sdk.limiter_ran:
-        expected -= {
-            names.METRIC_LIMITER_IN_FLIGHT,
-            names.METRIC_LIMITER_QUEUE_DEPTH,
-            names.METRIC_LIMITER_CAP,
-        }
     assert len(expected) >= 10
     assert expected <= set(sdk.kinds), sorted(expected - set(sdk.kinds))
 
@@ -844,15 +799,6 @@ def tempo_span_metrics(sdk: Emitted) -> Emitted:
     return generated
 
 
-def limiter_assumption() -> Emitted:
-    """Until llmspans.Limiter exists (issue 5): its gauges by their names in _names.py, label llmspans.limiter.name."""
-    assumed = Emitted()
-    for name in (names.METRIC_LIMITER_IN_FLIGHT, names.METRIC_LIMITER_QUEUE_DEPTH, names.METRIC_LIMITER_CAP):
-        series = prometheus_name(name, "{request}", "gauge")
-        assumed.labels[series] = set(RESOURCE_LABELS) | {prometheus_label(names.LIMITER_NAME)}
-    return assumed
-
-
 def check_queries(queries: list[PromQuery], known: Emitted, recorded: dict[str, set[str]]) -> list[str]:
     problems = []
     for query in queries:
@@ -885,7 +831,7 @@ def check_queries(queries: list[PromQuery], known: Emitted, recorded: dict[str, 
 
 def known_series(sdk: Emitted) -> Emitted:
     known = Emitted()
-    sources = [sdk, tempo_span_metrics(sdk)] + ([] if sdk.limiter_ran else [limiter_assumption()])
+    sources = [sdk, tempo_span_metrics(sdk)]
     for source in sources:
         known.labels.update(source.labels)
         known.values.update(source.values)
@@ -915,10 +861,6 @@ def test_the_check_catches_a_wrong_name_label_or_value(sdk: Emitted) -> None:
 
 
 def test_limiter_panels_match_the_sdk(sdk: Emitted) -> None:
-    if not sdk.limiter_ran:
-        pytest.skip(
-            "llmspans.Limiter is not in the SDK yet (issue 5): limiter panels checked against _names.py only"
-        )
     queried = {
         s.metric for q in dashboard_queries() for s in q.selectors if s.metric.startswith("llmspans_limiter_")
     }

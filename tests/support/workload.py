@@ -1,0 +1,120 @@
+"""One run that makes the package emit every kind of span, attribute, event and metric it has.
+
+Checks that cross-check names against "what the SDK emits" (the integrations' dashboards and queries,
+the telemetry reference in docs/) read it from this run instead of a list kept by hand: a name the run
+does not produce cannot be vouched for, so each path that adds attributes is exercised once here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.sdk.trace import ReadableSpan
+
+import llmspans
+from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.testing import capture
+from tests.support.vllm_sim import EngineConfig, VLLMSimulator
+
+
+@dataclass(frozen=True)
+class Exercised:
+    spans: list[ReadableSpan]
+    metrics: Any  # an OTLP ExportMetricsServiceRequest: names, units and instrument kinds as exported
+
+
+class _Failed(Exception):
+    pass
+
+
+def exercise() -> Exercised:
+    """A turn with every stage kind, retried/laned/failed/captured calls, and a vLLM server sampled."""
+    fast = Behavior(chunks=4, usage="finish", chunk_gap=0.001)
+    with SimulatedServer(fast) as server, capture() as captured:
+        server.enqueue(Behavior(status=429, retry_after_ms=1), fast)
+        client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=2))
+
+        @llmspans.retrieval(budget="1us", data_source="docs")  # always over: violations are emitted too
+        def search() -> list[str]:
+            return ["doc"]
+
+        @llmspans.stage("guardrail", budget=5)
+        def check() -> bool:
+            return True
+
+        @llmspans.stage("moderation")
+        def refuse() -> None:
+            raise _Failed
+
+        @llmspans.tool(budget=5)
+        def weather(city: str) -> str:
+            return "sunny"
+
+        @llmspans.tool(budget="5ms", on_exceed="cancel", fallback="unknown")
+        async def slow_lookup() -> str:
+            await asyncio.sleep(5)
+            return "found"
+
+        with llmspans.turn("chat", budget=30):
+            search()
+            check()
+            with contextlib.suppress(_Failed):
+                refuse()
+            stream = client.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            list(stream)
+            weather("Lyon")
+            asyncio.run(slow_lookup())
+            client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "again"}])
+            client.responses.create(model="sim-model", input="usage with cached tokens")
+
+        lane = llmspans.Limiter(2, name="interactive")
+        laned = llmspans.instrument(
+            openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0),
+            limiter=lane,
+            budget=30,
+            capture_content=True,
+        )
+        list(
+            laned.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": "lane"}], stream=True
+            )
+        )
+        with llmspans.turn("batch"), lane:  # the `with limiter:` form around the app's own code
+            pass
+        server.enqueue(
+            Behavior(chunks=4, drop_after=2)
+        )  # an error after content: error.type on chunk metrics
+        with contextlib.suppress(openai.APIError, httpx.HTTPError):
+            list(
+                laned.chat.completions.create(
+                    model="sim-model", messages=[{"role": "user", "content": "drop"}], stream=True
+                )
+            )
+        server.enqueue(Behavior(status=503))
+        with contextlib.suppress(openai.APIStatusError):
+            laned.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "fails"}])
+
+        with VLLMSimulator(EngineConfig()) as vllm:
+            sampled = llmspans.instrument(
+                openai.OpenAI(base_url=vllm.base_url, api_key="x", max_retries=0),
+                provider="vllm",
+                server_metrics=True,
+            )
+            sampler = sampled._llmspans_instrumentation.settings.server_metrics  # type: ignore[attr-defined]
+            if not sampler.wait_for_sample(5.0):
+                raise RuntimeError("the vLLM simulator's /metrics was never sampled")
+            sampled.chat.completions.create(
+                model=EngineConfig().model, messages=[{"role": "user", "content": "count"}], max_tokens=3,
+                temperature=0.5, top_p=0.9, extra_body={"top_k": 5},
+            )  # fmt: skip
+            metrics = encode_metrics(captured._reader.get_metrics_data())  # while the sampler is live
+            llmspans.uninstrument(sampled)
+        return Exercised(spans=captured.spans, metrics=metrics)
