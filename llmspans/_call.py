@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _telemetry
+from llmspans import _budget, _suppress, _telemetry
 from llmspans import _names as names
 from llmspans._gaps import GapSketch
 from llmspans._guard import check_fault, guarded, report
@@ -92,6 +92,7 @@ class CallRecord:
         "server_state",
         "span",
         "stream",
+        "suppressed",
         "turn",
         "wall_anchor_ns",
         "wasted_output_tokens",
@@ -150,7 +151,9 @@ class CallRecord:
         attributes: Mapping[str, AttributeValue] = kind.span_attributes
         if request_attributes:
             attributes = {**attributes, **request_attributes}
-        self.span: Span = _telemetry.tracer().start_span(
+        self.suppressed = _suppress.suppressed()
+        tracer = _suppress.NOOP_TRACER if self.suppressed else _telemetry.tracer()
+        self.span: Span = tracer.start_span(
             kind.span_name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self.wall_anchor_ns
         )
 
@@ -281,7 +284,8 @@ class CallRecord:
         self.released_ns = released
         try:
             check_fault("call.finish")
-            self._write(outcome, error, released)
+            if not self.suppressed:
+                self._write(outcome, error, released)
         except Exception as failure:  # what @guarded does, without its extra frame on every call
             report("call.finish", failure)
         finally:

@@ -64,6 +64,7 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 from llmspans import _names as names
+from llmspans import _suppress
 from llmspans._gaps import GapSketch
 from llmspans._guard import guarded
 
@@ -645,7 +646,7 @@ class Limiter:
 def _record_on_current_span(admission: Admission) -> None:
     """Stamp the wait on whatever span is current: the `with limiter:` form around user code."""
     span = trace.get_current_span()
-    if not span.is_recording():
+    if not span.is_recording() or _suppress.suppressed():
         return
     attributes = admission.attributes()
     span.set_attributes(attributes)

@@ -27,7 +27,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _telemetry
+from llmspans import _budget, _suppress, _telemetry
 from llmspans import _names as names
 from llmspans._guard import check_fault, guarded, report
 
@@ -67,7 +67,7 @@ def _record_exception(span: Span, error: BaseException) -> None:
 class _Scope:
     """One stage execution: starts its span, and on finish writes budget, totals and metrics once."""
 
-    __slots__ = ("budget", "done", "metric_attributes", "span", "stage", "started_ns", "turn")
+    __slots__ = ("budget", "done", "metric_attributes", "span", "stage", "started_ns", "suppressed", "turn")
 
     def __init__(
         self, stage: str, span_name: str, attributes: Mapping[str, AttributeValue], budget: float | None,
@@ -78,7 +78,9 @@ class _Scope:
         self.budget = _budget.registry.resolve(stage, budget)
         self.turn = current_turn.get()
         self.done = False
-        self.span = _telemetry.tracer().start_span(span_name, kind=SpanKind.INTERNAL, attributes=attributes)
+        self.suppressed = _suppress.suppressed()
+        tracer = _suppress.NOOP_TRACER if self.suppressed else _telemetry.tracer()
+        self.span = tracer.start_span(span_name, kind=SpanKind.INTERNAL, attributes=attributes)
         self.started_ns = time.perf_counter_ns()
 
     def finish(self, error: BaseException | None = None, *, cut: bool = False) -> None:
@@ -88,7 +90,8 @@ class _Scope:
         elapsed_ns = time.perf_counter_ns() - self.started_ns
         try:
             check_fault("stage.finish")
-            self._write(elapsed_ns, error, cut)
+            if not self.suppressed:
+                self._write(elapsed_ns, error, cut)
         except Exception as failure:  # what @guarded does, without its extra frame on every call
             report("stage.finish", failure)
         finally:
@@ -394,7 +397,9 @@ def tool(
 
 
 class _TurnEntry:
-    __slots__ = ("budget", "ctx_token", "span", "started_ns", "state_token", "totals", "totals_token")
+    __slots__ = (
+        "budget", "ctx_token", "span", "started_ns", "state_token", "suppressed", "totals", "totals_token",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -402,8 +407,10 @@ class _TurnEntry:
         budget: float | None,
         totals: TurnTotals,
         totals_token: contextvars.Token[TurnTotals | None],
+        suppressed: bool,
     ) -> None:
         self.span = span
+        self.suppressed = suppressed
         self.budget = budget
         self.totals = totals
         self.totals_token = totals_token
@@ -426,13 +433,14 @@ class turn:
 
     def _enter(self) -> Span:
         budget = _budget.registry.resolve(names.STAGE_TURN, self.budget)
-        span = _telemetry.tracer().start_span(
+        suppressed = _suppress.suppressed()
+        span = (_suppress.NOOP_TRACER if suppressed else _telemetry.tracer()).start_span(
             f"{names.STAGE_TURN} {self.name}",
             kind=SpanKind.INTERNAL,
             attributes={names.STAGE: names.STAGE_TURN},
         )
         totals = TurnTotals()
-        entry = _TurnEntry(span, budget, totals, current_turn.set(totals))
+        entry = _TurnEntry(span, budget, totals, current_turn.set(totals), suppressed)
         entry.ctx_token = otel_context.attach(trace.set_span_in_context(span))
         entry.state_token = self._state.set(entry)
         return span
@@ -445,9 +453,10 @@ class turn:
         otel_context.detach(entry.ctx_token)
         current_turn.reset(entry.totals_token)
         try:
-            self._write(
-                entry.span, entry.totals, time.perf_counter_ns() - entry.started_ns, entry.budget, error
-            )
+            if not entry.suppressed:
+                self._write(
+                    entry.span, entry.totals, time.perf_counter_ns() - entry.started_ns, entry.budget, error
+                )
         finally:
             try:
                 entry.span.end()

@@ -27,7 +27,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from llmspans import _names as names
-from llmspans import _telemetry
+from llmspans import _suppress, _telemetry
 from llmspans._call import Attempt, CallRecord
 from llmspans._guard import guarded, swallow
 from llmspans._limiter import Limiter
@@ -146,7 +146,8 @@ class _AttemptScope:
         if resends:
             attributes[names.HTTP_REQUEST_RESEND_COUNT] = resends
         parent = trace.set_span_in_context(record.span)
-        self.span: Span = _telemetry.tracer().start_span(
+        tracer = _suppress.NOOP_TRACER if record.suppressed else _telemetry.tracer()
+        self.span: Span = tracer.start_span(
             request.method, context=parent, kind=SpanKind.CLIENT, attributes=attributes,
             start_time=record.wall_ns(now),
         )  # fmt: skip

@@ -1,0 +1,27 @@
+"""OpenTelemetry's "suppress instrumentation" switch, honoured by every span and metric llmspans makes.
+
+`opentelemetry.instrumentation.utils.suppress_instrumentation()` (or attaching the key yourself) is
+how an app asks all instrumentations to stay silent for a block: health checks, warm-up requests,
+an exporter's own traffic. The key is private in the API but every contrib instrumentation reads it;
+if an API release drops it, nothing is suppressed.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from opentelemetry import context, trace
+
+_KEY = getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", None)
+
+# What a suppressed call, stage or turn starts its spans on: they still run and end, recording nothing.
+NOOP_TRACER: Final = trace.NoOpTracer()
+
+
+def suppressed() -> bool:
+    """Whether the current context asks instrumentation to record nothing.
+
+    Checked once when a call, stage or turn starts: a suppressed one still runs (a limiter still
+    admits it), on no-op spans, with no metrics and no `traceparent` sent.
+    """
+    return _KEY is not None and bool(context.get_value(_KEY))
