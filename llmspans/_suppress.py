@@ -8,6 +8,8 @@ if an API release drops it, nothing is suppressed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final
 
 from opentelemetry import context, trace
@@ -25,3 +27,16 @@ def suppressed() -> bool:
     admits it), on no-op spans, with no metrics and no `traceparent` sent.
     """
     return _KEY is not None and bool(context.get_value(_KEY))
+
+
+@contextmanager
+def suppressing() -> Iterator[None]:
+    """Record nothing inside the block, the way an app would ask it of every instrumentation."""
+    if _KEY is None:
+        yield
+        return
+    token = context.attach(context.set_value(_KEY, True))
+    try:
+        yield
+    finally:
+        context.detach(token)

@@ -22,15 +22,6 @@ REQUESTS = 20
 CONCURRENCY = 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _warm_clients() -> None:
-    """One untraced run per client first: a process's first openai call spends 50-75 ms (150 ms on a
-    loaded host) importing and building the SDK's models with the event loop blocked, and that stall
-    lands in whatever stage the other turns are in. The scenarios are about the steady state."""
-    for client in ("openai", "httpx"):
-        run(SCENARIOS["healthy"], requests=CONCURRENCY, concurrency=CONCURRENCY, seed=1, client=client)
-
-
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_the_report_names_the_injected_bottleneck_and_no_other(name: str, captured: Captured) -> None:
     scenario = SCENARIOS[name]
