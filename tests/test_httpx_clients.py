@@ -46,6 +46,7 @@ from tests.timing import (
     assert_client_view,
     attempt_spans,
     bucket,
+    retry_timing,
 )
 
 # As in tests/test_openai.py: arrival-to-arrival figures (stream, gaps) within EXACT of the server's
@@ -207,6 +208,7 @@ def assert_ended_once(captured: Captured, caplog: pytest.LogCaptureFixture) -> A
 # --- streamed chat: buckets, attributes, usage, bytes ----------------------------------------------
 
 
+@retry_timing
 async def test_streamed_chat_buckets_match_the_server_stamps(
     server: SimulatedServer, make: Callable[..., AnyClient], captured: Captured
 ) -> None:
@@ -396,6 +398,7 @@ async def test_the_stream_is_not_buffered(
         ("/responses", {"model": "tiny", "input": "hello there"}, "chat tiny"),
     ],
 )
+@retry_timing
 async def test_non_streamed_operations(
     server: SimulatedServer,
     make: Callable[..., AnyClient],
