@@ -17,8 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -70,31 +69,13 @@ def file_requests(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["content-length"]))
-        if self.path == "/v1/traces":
-            request = ExportTraceServiceRequest.FromString(body)
-            self.server.requests.append(json_format.MessageToDict(request))  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def receiver() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    server.requests = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+def received_traces(receiver: ThreadingHTTPServer) -> list[dict[str, Any]]:
+    """The trace requests an OTLP/HTTP receiver got, as OTLP JSON (the file export's shape)."""
+    return [
+        json_format.MessageToDict(ExportTraceServiceRequest.FromString(each.body))
+        for each in receiver.received  # type: ignore[attr-defined]
+        if each.path == "/v1/traces"
+    ]
 
 
 # --- fork after configure ----------------------------------------------------------------------------
@@ -148,19 +129,19 @@ server.stop()
 
 @pytest.mark.parametrize("export", ["file", "otlp"])
 def test_fork_after_configure_exports_each_span_once(
-    export: str, tmp_path: Path, receiver: ThreadingHTTPServer
+    export: str, tmp_path: Path, otlp_http_receiver: ThreadingHTTPServer
 ) -> None:
     path = tmp_path / "traces.jsonl"
     configure = (
         {"traces_file": str(path)}
         if export == "file"
-        else {"endpoint": f"http://127.0.0.1:{receiver.server_address[1]}"}
+        else {"endpoint": f"http://127.0.0.1:{otlp_http_receiver.server_address[1]}"}
     )
     result = run_python(f"CONFIGURE = {configure!r}\n" + textwrap.dedent(FORK_APP))
     assert result.returncode == 0, result.stderr
     assert "child exit status 0" in result.stdout
     assert "Traceback" not in result.stderr, result.stderr
-    requests = file_requests(path) if export == "file" else list(receiver.requests)  # type: ignore[attr-defined]
+    requests = file_requests(path) if export == "file" else received_traces(otlp_http_receiver)
     spans = spans_of(requests)
     ids = collections.Counter(span["id"] for span in spans)
     assert [span_id for span_id, n in ids.items() if n > 1] == []  # nothing exported twice

@@ -55,6 +55,7 @@ import llmspans
 from llmspans import _call, _exporters, _guard, _openai, _telemetry
 from llmspans import _names as names
 from llmspans._simulator import Behavior, SimulatedServer
+from tests.support.local_http import serving
 from tests.support.outage import OutageRun, run_outage_app
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -902,14 +903,8 @@ class _Collector503(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def collector_503() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector503)
-    server.posts = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    with serving(_Collector503, posts=[]) as server:
+        yield server
 
 
 @dataclass

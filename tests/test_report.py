@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +30,7 @@ from llmspans._report import (
 )
 from llmspans._report_html import render as render_html
 from llmspans._report_input import JAEGER_TRACES_PATH, read_files, spans_of_document
+from tests.support.local_http import serving
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDED = [FIXTURES / "embedded-default.jsonl", FIXTURES / "vllm-server.jsonl"]
@@ -311,14 +311,8 @@ class _Jaeger(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def jaeger() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Jaeger)
-    server.queries = []  # type: ignore[attr-defined]
-    server.body = JAEGER_RESPONSE.read_bytes()  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(_Jaeger, queries=[], body=JAEGER_RESPONSE.read_bytes()) as server:
+        yield server
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

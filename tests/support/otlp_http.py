@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import NamedTuple
 
 import pytest
+
+from tests.support.local_http import serving
 
 
 class Received(NamedTuple):
@@ -33,10 +34,5 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def otlp_http_receiver() -> Iterator[ThreadingHTTPServer]:
     """A receiver on 127.0.0.1; `.received` lists `Received` records, `.server_address[1]` is its port."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.received = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(_Handler, received=[]) as server:
+        yield server
