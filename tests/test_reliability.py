@@ -250,14 +250,25 @@ async def calls_under_fault(
     return expected, got
 
 
-SITE_SHAPES = [
-    pytest.param(site, shape)
-    for site, shapes in sorted(OPENAI_SITES.items())
-    for shape in sorted(shapes)
-]  # fmt: skip
+def site_shapes(sites: dict[str, Any]) -> list[Any]:
+    """One test case per fault site and each shape of call that reaches it."""
+    return [pytest.param(site, shape) for site, shapes in sorted(sites.items()) for shape in sorted(shapes)]
 
 
-@pytest.mark.parametrize(("site", "shape"), SITE_SHAPES)
+def assert_unharmed(
+    got: list[Any], expected: Any, site: str, counter: HitCounter, caplog: pytest.LogCaptureFixture,
+    recorded: Recorded, stands_aside: bool,
+) -> None:  # fmt: skip
+    """Both faulted calls gave what the uninstrumented one gave; the site was reached on both and said
+    once; every span ended once; and a call whose begin failed has no span at all."""
+    assert got == [expected, expected]
+    assert counter.hits[site] >= 2  # reached on both calls ...
+    assert internal_errors(caplog) == [site]  # ... and said once
+    recorded.assert_each_span_ended_once()
+    assert len(recorded.calls()) == (0 if stands_aside else 2)
+
+
+@pytest.mark.parametrize(("site", "shape"), site_shapes(OPENAI_SITES))
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_an_injected_fault_at_each_site_leaves_the_call_as_it_was(
     kind: str, site: str, shape: str, server: SimulatedServer, recorded: Recorded,
@@ -267,12 +278,8 @@ async def test_an_injected_fault_at_each_site_leaves_the_call_as_it_was(
     monkeypatch.setattr(_guard, "_faults", counter)
     with caplog.at_level(logging.WARNING, logger="llmspans"):
         expected, got = await calls_under_fault(kind, shape, server, lambda: _guard.inject_faults(site))
-    assert got == [expected, expected]
-    assert counter.hits[site] >= 2  # reached on both calls ...
-    assert internal_errors(caplog) == [site]  # ... and said once
-    recorded.assert_each_span_ended_once()
     # A failed begin means llmspans stands aside for that call: no span at all, which is fine.
-    assert len(recorded.calls()) == (0 if site == "openai.begin" else 2)
+    assert_unharmed(got, expected, site, counter, caplog, recorded, stands_aside=site == "openai.begin")
 
 
 class BrokenInstruments:
@@ -382,14 +389,9 @@ PLAIN_SITES: dict[str, frozenset[str]] = {
     "transport.observer": ALL_SHAPES,
     "call.finish": ALL_SHAPES,
 }
-PLAIN_SITE_SHAPES = [
-    pytest.param(site, shape)
-    for site, shapes in sorted(PLAIN_SITES.items())
-    for shape in sorted(shapes)
-]  # fmt: skip
 
 
-@pytest.mark.parametrize(("site", "shape"), PLAIN_SITE_SHAPES)
+@pytest.mark.parametrize(("site", "shape"), site_shapes(PLAIN_SITES))
 @pytest.mark.parametrize("kind", ["httpx.Client", "httpx.AsyncClient"])
 async def test_an_injected_fault_leaves_a_plain_client_call_as_it_was(
     kind: str, site: str, shape: str, server: SimulatedServer, recorded: Recorded,
@@ -406,12 +408,16 @@ async def test_an_injected_fault_leaves_a_plain_client_call_as_it_was(
             got = [await httpx_outcome(client, shape), await httpx_outcome(client, shape)]
     for each in (plain, client):
         await close_client(each)
-    assert got == [expected, expected]
-    assert counter.hits[site] >= 2
-    assert internal_errors(caplog) == [site]
-    recorded.assert_each_span_ended_once()
     # A plain client's call is opened in begin: when begin fails, llmspans stands aside for that request.
-    assert len(recorded.calls()) == (0 if site in ("httpx.begin", "transport.begin") else 2)
+    assert_unharmed(
+        got,
+        expected,
+        site,
+        counter,
+        caplog,
+        recorded,
+        stands_aside=site in ("httpx.begin", "transport.begin"),
+    )
 
 
 def broken(*args: Any, **kwargs: Any) -> Any:
