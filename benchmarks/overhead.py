@@ -121,6 +121,15 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _wait_or_kill(popen: subprocess.Popen[str], seconds: float) -> None:
+    """Give a child that was asked to stop `seconds` to do so, then kill it."""
+    try:
+        popen.wait(seconds)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
+
+
 class _Process:
     """A child process whose first line of output is the URL it serves on."""
 
@@ -135,11 +144,7 @@ class _Process:
     def stop(self) -> None:
         if self.popen.poll() is None:
             self.popen.terminate()
-            try:
-                self.popen.wait(5)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+            _wait_or_kill(self.popen, 5)
 
 
 @dataclass
@@ -505,11 +510,7 @@ class WorkerProcess:
                 assert self.popen.stdin is not None
                 self.popen.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
                 self.popen.stdin.close()
-            try:
-                self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+            _wait_or_kill(self.popen, 20)
 
 
 # --- the coordinator ----------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ import openai
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from overhead import _wait_or_kill  # the benchmarks' one way to stop a child
 
 import llmspans
 from llmspans import _names as names
@@ -173,11 +174,7 @@ def simulator() -> Iterator[str]:
         yield base_url
     finally:
         process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _wait_or_kill(process, 10)
         if process.stdout is not None:
             process.stdout.close()
 
