@@ -82,7 +82,6 @@ class CallRecord:
         "input_tokens",
         "kind",
         "last_chunk_ns",
-        "metric_attributes",
         "on_release",
         "output_tokens",
         "queued_ns",
@@ -147,7 +146,6 @@ class CallRecord:
 
         kind = _kind_of(operation, model, provider, stream, server_address, server_port)
         self.kind = kind
-        self.metric_attributes = kind.metric_attributes
         attributes: Mapping[str, AttributeValue] = kind.span_attributes
         if request_attributes:
             attributes = {**attributes, **request_attributes}
@@ -175,7 +173,6 @@ class CallRecord:
         self.on_release = admission.release
         # The lane is the limiter's name, on the call's metrics as well as its span.
         self.kind = self.kind.in_lane(admission.name)
-        self.metric_attributes = self.kind.metric_attributes
         self.admitted(admission.admitted_ns, admission.attributes())
         self.stamp_server_state()
 
@@ -385,11 +382,11 @@ class CallRecord:
                 instruments.time_per_output_chunk.record(mean_gap, common)
         for attempt in self.attempts[:-1]:
             instruments.retry_attempts.add(
-                1, {**self.metric_attributes, names.METRIC_ATTR_RETRY_CAUSE: attempt.cause or "unknown"}
+                1, {**kind.metric_attributes, names.METRIC_ATTR_RETRY_CAUSE: attempt.cause or "unknown"}
             )
         opened = sum(1 for attempt in self.attempts if attempt.new_connection)
         if opened:
-            instruments.connect_new.add(opened, self.metric_attributes)
+            instruments.connect_new.add(opened, kind.metric_attributes)
 
 
 _LLM_STAGE_ATTRIBUTES: Mapping[str, AttributeValue] = MappingProxyType({names.STAGE: names.STAGE_LLM})

@@ -29,6 +29,7 @@ import os
 import re
 import threading
 import time
+import urllib.parse
 from collections import deque
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -269,8 +270,6 @@ _GRPC_CODE = re.compile(r"StatusCode\.([A-Z_]+)")
 
 def _shown_target(target: str) -> str:
     """An endpoint fit for a log line: no user, password or query."""
-    import urllib.parse
-
     if "://" not in target:
         return target.split("?", 1)[0]
     parts = urllib.parse.urlsplit(target)
