@@ -34,11 +34,10 @@ from llmspans._limiter import Limiter
 
 active_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("llmspans_call", default=None)
 
-# Query parameters whose value is redacted in url.full: these names, or any name ending in one
-# of the suffixes, compared without '-' and '_' and case (x-api-key, access-token, api_token...).
-_SECRET_QUERY_KEYS = frozenset(
-    {"key", "auth", "authorization", "sig", "code", "credential", "password", "secret"}
-)
+# Query parameters whose value is redacted in url.full: any name ending in one of the suffixes
+# (the bare words included), or one of the other names, compared without '-' and '_' and case
+# (x-api-key, access-token, api_token, key, sig...).
+_SECRET_QUERY_KEYS = frozenset({"auth", "authorization", "code"})
 _SECRET_QUERY_SUFFIXES = ("key", "token", "secret", "signature", "password", "credential", "sig")
 
 
