@@ -29,7 +29,6 @@ import os
 import re
 import threading
 import time
-import urllib.parse
 from collections import deque
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -40,6 +39,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.util.re import parse_env_headers
+
+from llmspans._redact import url_for_log
 
 logger = logging.getLogger("llmspans")
 
@@ -186,7 +187,7 @@ class ExportHealth:
 
     def __init__(self, signal: str, target: str, *, warn: bool) -> None:
         self.signal = signal
-        self.target = _shown_target(target)  # it goes into a log line: no credentials
+        self.target = url_for_log(target)  # it goes into a log line: no credentials
         self._warn = warn
         self._lock = threading.Lock()
         self._down = False
@@ -266,15 +267,6 @@ _HTTP_TRANSIENT = re.compile(r"Transient error (.+?) encountered")
 """The SDK's retry warning names the status by its reason phrase ("Service Unavailable"), not its code."""
 _HTTP_CODE_BY_PHRASE = {status.phrase.lower(): status.value for status in HTTPStatus}
 _GRPC_CODE = re.compile(r"StatusCode\.([A-Z_]+)")
-
-
-def _shown_target(target: str) -> str:
-    """An endpoint fit for a log line: no user, password or query."""
-    if "://" not in target:
-        return target.split("?", 1)[0]
-    parts = urllib.parse.urlsplit(target)
-    netloc = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _failure_cause(error: BaseException | None, elapsed: float, exporter_logger: str) -> str:

@@ -60,6 +60,7 @@ from typing import Any
 from opentelemetry.util.types import AttributeValue
 
 from llmspans import _names as names
+from llmspans._redact import url_for_log
 
 __all__ = ["ServerMetrics", "ServerSnapshot", "looks_like_vllm"]
 
@@ -159,7 +160,7 @@ class _Sampler:
         self.healthy = True
         if self._in_outage:
             self._in_outage = False
-            logger.info("llmspans: vLLM metrics at %s are readable again", _shown_url(self.metrics_url))
+            logger.info("llmspans: vLLM metrics at %s are readable again", url_for_log(self.metrics_url))
         with self.sampled:
             self.sampled.notify_all()
 
@@ -191,11 +192,11 @@ class _Sampler:
             logger.warning(
                 "llmspans: cannot read vLLM metrics from %s (%s); span attributes keep the last sample, "
                 "retrying every %gs",
-                _shown_url(self.metrics_url), reason, self.interval,
+                url_for_log(self.metrics_url), reason, self.interval,
             )  # fmt: skip
         else:
             logger.debug(
-                "llmspans: vLLM metrics still unreadable at %s (%s)", _shown_url(self.metrics_url), reason
+                "llmspans: vLLM metrics still unreadable at %s (%s)", url_for_log(self.metrics_url), reason
             )
 
     # --- control ----------------------------------------------------------------------------
@@ -306,16 +307,6 @@ def _metrics_url(base_url: str) -> tuple[str, str, int]:
         path = path[: -len("/v1")]
     url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, path + "/metrics", "", ""))
     return url, parts.hostname, port
-
-
-def _shown_url(url: str) -> str:
-    """A URL fit for a log line: no user, password or query."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _seconds(value: Any, what: str) -> float:
