@@ -130,6 +130,16 @@ def _wait_or_kill(popen: subprocess.Popen[str], seconds: float) -> None:
         popen.wait()
 
 
+def _stream_figures(cpu: float, wall: float, items: int, first: list[float], n: int) -> dict[str, float]:
+    """Per-chunk CPU and wall time since (`cpu`, `wall`), median time to first chunk, chunks per stream."""
+    return {
+        "chunk.cpu": (time.process_time() - cpu) / items,
+        "chunk.wall": (time.perf_counter() - wall) / items,
+        "ttfc": statistics.median(first),
+        "items": items / n,
+    }
+
+
 class _Process:
     """A child process whose first line of output is the URL it serves on."""
 
@@ -298,12 +308,7 @@ class Worker:
             for _chunk in iterator:
                 items += 1
         _flush()
-        return {
-            "chunk.cpu": (time.process_time() - cpu) / items,
-            "chunk.wall": (time.perf_counter() - wall) / items,
-            "ttfc": statistics.median(first),
-            "items": items / n,
-        }
+        return _stream_figures(cpu, wall, items, first, n)
 
     async def _async_calls(self, n: int) -> dict[str, float]:
         create = self.async_calls.chat.completions.create
@@ -328,12 +333,7 @@ class Worker:
             async for _chunk in iterator:
                 items += 1
         _flush()
-        return {
-            "chunk.cpu": (time.process_time() - cpu) / items,
-            "chunk.wall": (time.perf_counter() - wall) / items,
-            "ttfc": statistics.median(first),
-            "items": items / n,
-        }
+        return _stream_figures(cpu, wall, items, first, n)
 
     def _stage(self, n: int) -> dict[str, float]:
         """`@llmspans.stage` on a trivial function, minus the bare function, per call."""
