@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _suppress, _telemetry
+from llmspans import _budget, _deferred, _suppress, _telemetry
 from llmspans import _names as names
 from llmspans._gaps import GapSketch
 from llmspans._guard import check_fault, guarded, report
@@ -269,8 +269,15 @@ class CallRecord:
         }
 
     def finish(self, outcome: str, error: BaseException | None = None, now_ns: int | None = None) -> None:
-        """End the call exactly once, on whichever path gets here first."""
+        """End the call exactly once, on whichever path gets here first.
+
+        Inside a garbage collection (a library's finalizer closing the response, say) it only
+        hands the end to the worker: no OpenTelemetry call runs in a finalizer (see `_deferred`).
+        """
         if self.finished:
+            return
+        if _deferred.collecting():
+            _deferred.defer(self.finish, outcome, error, now_ns or time.perf_counter_ns())
             return
         with self._finish_lock:
             if self.finished:

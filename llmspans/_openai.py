@@ -327,7 +327,7 @@ def _read_result(call: _Call, result: Any) -> None:
         call.output = texts
 
 
-def _finish(call: _Call, outcome: str, error: BaseException | None = None) -> None:
+def _finish(call: _Call, outcome: str, error: BaseException | None = None, at_ns: int | None = None) -> None:
     if call.output is not None and not call.record.finished:
         with swallow("openai.content"):
             text = "".join(call.output)
@@ -335,7 +335,7 @@ def _finish(call: _Call, outcome: str, error: BaseException | None = None) -> No
                 call.record, call.capture, names.GEN_AI_OUTPUT_MESSAGES,
                 [{"role": "assistant", "parts": [{"type": "text", "content": text}]}],
             )  # fmt: skip
-    call.record.finish(outcome, error=error)
+    call.record.finish(outcome, error=error, now_ns=at_ns)
 
 
 # --- wrapping the client --------------------------------------------------------------------

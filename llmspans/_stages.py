@@ -27,7 +27,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _suppress, _telemetry
+from llmspans import _budget, _deferred, _suppress, _telemetry
 from llmspans import _names as names
 from llmspans._guard import check_fault, guarded, report
 
@@ -83,11 +83,18 @@ class _Scope:
         self.span = tracer.start_span(span_name, kind=SpanKind.INTERNAL, attributes=attributes)
         self.started_ns = time.perf_counter_ns()
 
-    def finish(self, error: BaseException | None = None, *, cut: bool = False) -> None:
+    def finish(
+        self, error: BaseException | None = None, *, cut: bool = False, at_ns: int | None = None
+    ) -> None:
         if self.done:
             return
+        if _deferred.collecting():  # a generator closed by the collector: a finalizer (see `_deferred`)
+            _deferred.defer(
+                functools.partial(self.finish, error, cut=cut, at_ns=at_ns or time.perf_counter_ns())
+            )
+            return
         self.done = True
-        elapsed_ns = time.perf_counter_ns() - self.started_ns
+        elapsed_ns = (at_ns if at_ns is not None else time.perf_counter_ns()) - self.started_ns
         try:
             check_fault("stage.finish")
             if not self.suppressed:
@@ -255,6 +262,7 @@ def _gen_wrapper(
     func: Callable[..., Generator[Any, Any, Any]], scope: Callable[[], _Scope]
 ) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        _deferred.start_worker()  # before a collected generator can need it
         current = scope()
         ctx = trace.set_span_in_context(current.span)
         inner: Generator[Any, Any, Any] | None = None
@@ -296,6 +304,7 @@ def _async_gen_wrapper(
     func: Callable[..., AsyncGenerator[Any, Any]], scope: Callable[[], _Scope]
 ) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        _deferred.start_worker()  # before a collected generator can need it
         current = scope()
         ctx = trace.set_span_in_context(current.span)
         inner: AsyncGenerator[Any, Any] | None = None

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from llmspans import _deferred, _suppress, _telemetry
 from llmspans import _names as names
-from llmspans import _suppress, _telemetry
 from llmspans._call import Attempt, CallRecord
 from llmspans._guard import guarded, swallow
 from llmspans._limiter import Limiter
@@ -185,13 +185,19 @@ class _AttemptScope:
         if self.attempt.body_done_ns is None:
             self.attempt.body_done_ns = now_ns
 
-    def close(self, error: BaseException | None = None) -> None:
-        """End the attempt (and, for a plain client, its call); runs once."""
+    def close(self, error: BaseException | None = None, at_ns: int | None = None) -> None:
+        """End the attempt (and, for a plain client, its call) at `at_ns` (None: now); runs once.
+
+        Inside a garbage collection (a library's finalizer closing the body) the worker does it.
+        """
         if self.closed:
+            return
+        if _deferred.collecting():
+            _deferred.defer(self.close, error, at_ns or time.perf_counter_ns())
             return
         self.closed = True
         _open_attempts.discard(self)
-        now = time.perf_counter_ns()
+        now = at_ns if at_ns is not None else time.perf_counter_ns()
         self.attempt.ended_ns = now
         with swallow("transport.close"):
             self._write_connection()
@@ -291,9 +297,14 @@ def _unstarted(opened: tuple[CallRecord, BodyObserver | None, bool]) -> None:
 
 
 def _end_on_collect(scope: _AttemptScope) -> None:
-    """Garbage collection of an unclosed body still ends the attempt (and a plain call)."""
+    """An unclosed body was collected: a finalizer, so it only stamps the time and hands the end over."""
+    _deferred.defer(_end_collected, scope, time.perf_counter_ns())
+
+
+def _end_collected(scope: _AttemptScope, at_ns: int) -> None:
+    """Collection of an unclosed body still ends the attempt (and a plain call), at the collection."""
     with swallow("transport.gc"):
-        scope.close()
+        scope.close(None, at_ns)
 
 
 class _Library:
@@ -327,6 +338,7 @@ class _SyncBody:
     def __init__(self, inner: Any, scope: _AttemptScope) -> None:
         self._inner = inner
         self._scope = scope
+        _deferred.start_worker()  # before the finalizer can need it
         self._finalizer = weakref.finalize(self, _end_on_collect, scope)
 
     def __iter__(self) -> Iterator[bytes]:
@@ -359,6 +371,7 @@ class _AsyncBody:
     def __init__(self, inner: Any, scope: _AttemptScope) -> None:
         self._inner = inner
         self._scope = scope
+        _deferred.start_worker()  # before the finalizer can need it
         self._finalizer = weakref.finalize(self, _end_on_collect, scope)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
