@@ -100,7 +100,6 @@ EVENT_LAST_TOKEN: Final = "llmspans.last_token"
 # The semantic conventions' exception event; llmspans writes its type, never its message.
 EVENT_EXCEPTION: Final = "exception"
 EXCEPTION_TYPE: Final = "exception.type"
-EXCEPTION_ESCAPED: Final = "exception.escaped"
 
 # --- metrics --------------------------------------------------------------------------------
 METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
@@ -117,6 +116,8 @@ METRIC_LIMITER_IN_FLIGHT: Final = "llmspans.limiter.in_flight"
 METRIC_LIMITER_QUEUE_DEPTH: Final = "llmspans.limiter.queue_depth"
 METRIC_LIMITER_CAP: Final = "llmspans.limiter.cap"
 
+# The SDK's attribute set for points beyond an instrument's cardinality limit (llmspans' own aggregation too).
+METRIC_OVERFLOW: Final = "otel.metric.overflow"
 METRIC_ATTR_BUCKET: Final = "llmspans.bucket"
 METRIC_ATTR_RETRY_CAUSE: Final = "llmspans.retry.cause"
 TOKEN_TYPE_INPUT: Final = "input"

@@ -86,12 +86,12 @@ def only_call_span(captured: Captured) -> Any:
     return spans[0]
 
 
-def attempt_span_of(captured: Captured, call: Any) -> Any:
-    attempts = [
+def no_attempt_span_under(captured: Captured, call: Any) -> None:
+    """A call answered by its first attempt has no attempt span: the server's span is the call's child."""
+    children = [
         s for s in captured.spans if s.parent is not None and s.parent.span_id == call.context.span_id
     ]
-    assert len(attempts) == 1, [s.name for s in attempts]
-    return attempts[0]
+    assert children == [], [s.name for s in children]
 
 
 def server_spans(sim: VLLMSimulator, receiver: OTLPReceiver, count: int) -> list[ReceivedSpan]:
@@ -231,7 +231,7 @@ def test_metrics_page_uses_vllm_names(
     assert ttft_count.value == 1
 
 
-# --- one trace: the server's span under the attempt span --------------------------------------
+# --- one trace: the server's span under the call span -----------------------------------------
 
 
 def check_server_span(server: ReceivedSpan, record: Any, config: EngineConfig) -> None:
@@ -265,7 +265,7 @@ def check_server_span(server: ReceivedSpan, record: Any, config: EngineConfig) -
 
 
 @retry_timing
-def test_server_span_is_a_child_of_the_attempt_span(receiver: OTLPReceiver, captured: Captured) -> None:
+def test_server_span_is_a_child_of_the_call_span(receiver: OTLPReceiver, captured: Captured) -> None:
     config = {"prefill_per_token": 0.002, "decode_per_token": 0.01}
     with vllm(receiver, **config) as sim:
         stream = client_for(sim).chat.completions.create(
@@ -275,10 +275,9 @@ def test_server_span_is_a_child_of_the_attempt_span(receiver: OTLPReceiver, capt
         (server,) = server_spans(sim, receiver, 1)
         (record,) = sim.requests
     call = only_call_span(captured)
-    attempt = attempt_span_of(captured, call)
-    assert attempt.name == "POST"
-    assert server.trace_id == hex_id(call.context.trace_id, 32) == hex_id(attempt.context.trace_id, 32)
-    assert server.parent_span_id == hex_id(attempt.context.span_id, 16)
+    no_attempt_span_under(captured, call)
+    assert server.trace_id == hex_id(call.context.trace_id, 32)
+    assert server.parent_span_id == hex_id(call.context.span_id, 16)
     assert server.service_name == "vllm"
     assert call.attributes[names.GEN_AI_PROVIDER_NAME] == names.PROVIDER_VLLM
     assert call.attributes[names.GEN_AI_RESPONSE_ID] == server.attributes[names.GEN_AI_REQUEST_ID]
@@ -289,8 +288,8 @@ def test_server_span_is_a_child_of_the_attempt_span(receiver: OTLPReceiver, capt
     assert attrs[names.GEN_AI_REQUEST_TEMPERATURE] == 0.5
     assert attrs[names.GEN_AI_REQUEST_TOP_P] == 0.9
     assert attrs[names.GEN_AI_REQUEST_N] == 1
-    # The server's time sits inside the attempt's (same machine, same wall clock).
-    assert attempt.start_time <= server.start_ns
+    # The server's time sits inside the call's (same machine, same wall clock).
+    assert call.start_time <= server.start_ns
     assert server.end_ns <= call.end_time
 
 
@@ -306,7 +305,8 @@ async def test_async_client_and_non_streamed_completion_are_linked_too(
         (server,) = server_spans(sim, receiver, 1)
     call = only_call_span(captured)
     assert completion.usage is not None
-    assert server.parent_span_id == hex_id(attempt_span_of(captured, call).context.span_id, 16)
+    no_attempt_span_under(captured, call)
+    assert server.parent_span_id == hex_id(call.context.span_id, 16)
     assert json.loads(server.attributes[names.GEN_AI_RESPONSE_FINISH_REASONS]) == ["stop"]
     # vLLM writes a sampling parameter only when it is truthy after its defaults.
     assert names.GEN_AI_REQUEST_TEMPERATURE not in server.attributes
@@ -330,7 +330,7 @@ def test_plain_httpx_client_is_linked_too(receiver: OTLPReceiver, captured: Capt
     call = only_call_span(captured)
     assert call.attributes[names.GEN_AI_PROVIDER_NAME] == names.PROVIDER_VLLM
     assert call.attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
-    assert server.parent_span_id == hex_id(attempt_span_of(captured, call).context.span_id, 16)
+    assert server.parent_span_id == hex_id(call.context.span_id, 16)
 
 
 @retry_timing
@@ -370,9 +370,7 @@ def test_queue_time_when_more_requests_than_max_num_seqs(receiver: OTLPReceiver,
     for request_id, server in by_id.items():
         first_token = call_by_id[request_id].attributes[names.BUCKET_PREFIX + "first_token"]
         assert first_token >= server.attributes[names.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN] - 0.002
-        assert server.parent_span_id == hex_id(
-            attempt_span_of(captured, call_by_id[request_id]).context.span_id, 16
-        )
+        assert server.parent_span_id == hex_id(call_by_id[request_id].context.span_id, 16)
 
 
 # --- usage chunks into the call span ------------------------------------------------------------
