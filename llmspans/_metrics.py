@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 
 from opentelemetry import metrics
@@ -32,8 +33,11 @@ def _vllm_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]
     """A gauge callback reading one field of every running vLLM sampler's latest good sample."""
 
     def observe(_options: CallbackOptions) -> Iterable[Observation]:
-        from llmspans import vllm
-
+        # The metric reader's thread runs this: look the module up, never import it (no sampler
+        # can be running before something imported it).
+        vllm = sys.modules.get("llmspans.vllm")
+        if vllm is None:
+            return []
         readings = vllm._fresh_readings()
         return [Observation(value, attributes) for sample, attributes in readings
                 if (value := getattr(sample, field)) is not None]  # fmt: skip

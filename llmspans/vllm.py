@@ -30,8 +30,9 @@ a handful of dictionary operations, safe from any thread. When the endpoint is d
 something else, the sampler logs one warning per outage on the `llmspans.vllm` logger and keeps
 trying; `span_attributes()` then returns the last good sample with its growing age (or `{}` if
 there never was one), while the gauges stop reporting until a sample succeeds again. The
-thread stops on `close()`, at the end of a `with` block, when the object is garbage collected,
-and at interpreter exit.
+thread stops on `close()`, at the end of a `with` block, within a quarter of a second of the
+object being garbage collected, and at interpreter exit. The thread imports nothing and the
+finalizer takes no lock (see `_Sampler` for why).
 
 **Gauges.** While sampling, the values are also exported as OpenTelemetry gauges
 `vllm.num_requests_waiting`, `vllm.num_requests_running` and `vllm.kv_cache_usage` with the
@@ -46,6 +47,8 @@ before the first call, which `instrument()` will not make on its own: pass
 
 from __future__ import annotations
 
+import atexit
+import encodings.idna  # noqa: F401  (the socket module encodes host names with it; see _Sampler)
 import logging
 import math
 import threading
@@ -57,6 +60,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+import httpx
+from opentelemetry import context
 from opentelemetry.util.types import AttributeValue
 
 from llmspans import _names as names
@@ -108,29 +113,54 @@ class ServerSnapshot:
 
 class _Sampler:
     """The state the sampling thread shares with its `ServerMetrics`; it never refers back to it,
-    so a `ServerMetrics` nobody holds any more can be collected (which stops the thread)."""
+    so a `ServerMetrics` nobody holds any more can be collected (which stops the thread).
 
-    def __init__(self, metrics_url: str, address: str, port: int, interval: float, timeout: float) -> None:
+    Two rules keep the thread from ever disturbing the application:
+
+    - **The thread imports nothing.** Everything it runs is imported at the top of this module or
+      by `ServerMetrics.__init__`, and its HTTP transport is built by `start()`, all in the
+      caller's thread before the thread starts. A module being imported sits half-initialised
+      in `sys.modules` until its import ends, and the app's threads can find it there: the openai
+      3.x SDK looks `httpx` up on every request, and the first call after
+      `instrument(..., server_metrics=True)` failed with "partially initialized module 'httpx'"
+      while this thread imported it. (`encodings.idna` is imported above because the socket
+      module imports it on the first connection to a host name.)
+    - **The finalizer only sets a flag.** Garbage collection can run a finalizer in any thread at
+      any allocation, including while that thread holds `_live_lock` or an OpenTelemetry SDK
+      lock. So `abandon()` (the `ServerMetrics` finalizer) only stores True in `abandoned`: no
+      lock, no OpenTelemetry call, no join. The thread looks at the flag at least every
+      `_ABANDON_POLL` seconds, then leaves `_live` and ends on its own.
+    """
+
+    def __init__(
+        self,
+        metrics_url: str,
+        address: str,
+        port: int,
+        interval: float,
+        timeout: float,
+        families: Callable[[str], Iterable[Any]],
+    ) -> None:
         self.metrics_url = metrics_url
         self.interval = interval
         self.timeout = timeout
+        self.families = families  # prometheus_client's parser, imported by the caller
         self.gauge_attributes: dict[str, AttributeValue] = {
             names.SERVER_ADDRESS: address,
             names.SERVER_PORT: port,
         }
         self.snapshot: ServerSnapshot | None = None  # replaced whole, so readers need no lock
         self.healthy = False  # whether the latest attempt succeeded
+        self.abandoned = False  # set by the finalizer, and by nothing else
         self.sampled = threading.Condition()
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self._in_outage = False
+        self._timeouts = httpx.Timeout(timeout).as_dict()
 
-    # --- the thread -----------------------------------------------------------------------
+    # --- the thread (imports nothing: see the class docstring) -------------------------------
 
-    def run(self) -> None:
-        import httpx
-        from opentelemetry import context
-
+    def run(self, transport: httpx.HTTPTransport) -> None:
         # The sampler's own GETs are not the application's traffic: keep OpenTelemetry's HTTP
         # instrumentations (if the app installed any) from tracing them.
         context.attach(
@@ -140,19 +170,34 @@ class _Sampler:
                 context.set_value(context._SUPPRESS_INSTRUMENTATION_KEY, True),
             )
         )
-        # A bare transport rather than an httpx.Client: a client logs every request at INFO,
-        # which would put a line in the app's logs every interval.
-        with httpx.HTTPTransport(retries=0) as transport:
-            while not self.stopping.is_set():
-                started = time.monotonic()
-                self.sample_once(transport)
-                remaining = started + self.interval - time.monotonic()
-                self.stopping.wait(max(remaining, 0.0))
+        try:
+            with transport:
+                while self.running:
+                    started = time.monotonic()
+                    self.sample_once(transport)
+                    self._pause_until(started + self.interval)
+        finally:
+            with _live_lock:
+                _live.discard(self)
+            with self.sampled:
+                self.sampled.notify_all()
 
-    def sample_once(self, transport: Any) -> None:
+    @property
+    def running(self) -> bool:
+        return not (self.stopping.is_set() or self.abandoned)
+
+    def _pause_until(self, until: float) -> None:
+        """Wait until `until` (monotonic), waking at least every `_ABANDON_POLL` s to look at the flag."""
+        while self.running:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return
+            self.stopping.wait(min(remaining, _ABANDON_POLL))
+
+    def sample_once(self, transport: httpx.HTTPTransport) -> None:
         try:
             text = self._fetch(transport)
-            snapshot = _parse(text)
+            snapshot = _parse(self.families(text))
         except Exception as error:  # whatever went wrong, the thread carries on
             self._failed(error)
             return
@@ -164,19 +209,18 @@ class _Sampler:
         with self.sampled:
             self.sampled.notify_all()
 
-    def _fetch(self, transport: Any) -> str:
-        import httpx
-
+    def _fetch(self, transport: httpx.HTTPTransport) -> str:
         request = httpx.Request(
-            "GET", self.metrics_url, headers={"accept": _ACCEPT},
-            extensions={"timeout": httpx.Timeout(self.timeout).as_dict()},
-        )  # fmt: skip
+            "GET", self.metrics_url, headers={"accept": _ACCEPT}, extensions={"timeout": self._timeouts}
+        )
         response = transport.handle_request(request)
         try:
             if response.status_code != 200:
                 raise _NotMetrics(f"HTTP {response.status_code}")
+            stream = response.stream
+            assert isinstance(stream, httpx.SyncByteStream)  # what a sync transport returns
             body = bytearray()
-            for piece in response.stream:
+            for piece in stream:
                 body += piece
                 if len(body) > _MAX_BODY_BYTES:
                     raise _NotMetrics(f"body larger than {_MAX_BODY_BYTES} bytes")
@@ -199,17 +243,27 @@ class _Sampler:
                 "llmspans: vLLM metrics still unreadable at %s (%s)", url_for_log(self.metrics_url), reason
             )
 
-    # --- control ----------------------------------------------------------------------------
+    # --- control (the caller's thread) ------------------------------------------------------
 
     def start(self) -> None:
-        thread = threading.Thread(target=self.run, name="llmspans-vllm-metrics", daemon=True)
+        # A bare transport rather than an httpx.Client: a client logs every request at INFO,
+        # which would put a line in the app's logs every interval. Built here, not in the thread,
+        # because building it imports httpcore and loads the certificates. A plain-HTTP URL never
+        # uses TLS, so it skips loading the certificate bundle.
+        transport = httpx.HTTPTransport(retries=0, verify=self.metrics_url.startswith("https:"))
+        thread = threading.Thread(
+            target=self.run, args=(transport,), name="llmspans-vllm-metrics", daemon=True
+        )
         self.thread = thread
         with _live_lock:
             _live.add(self)
         thread.start()
 
     def stop(self) -> None:
-        """Stop the thread and wait for it: at most one request's timeouts plus a little."""
+        """Stop the thread and wait for it: at most one request's timeouts plus a little.
+
+        Never from a finalizer (it takes `_live_lock` and joins): that is `abandon()`.
+        """
         self.stopping.set()
         with _live_lock:
             _live.discard(self)
@@ -219,16 +273,22 @@ class _Sampler:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=4 * self.timeout + 1.0)
 
+    def abandon(self) -> None:
+        """The `ServerMetrics` finalizer: a plain attribute store, the only thing safe in one."""
+        self.abandoned = True
+
+
+_ABANDON_POLL = 0.25  # how soon the thread of a collected ServerMetrics notices and ends
+
 
 class _NotMetrics(Exception):
     """The endpoint answered, but not with vLLM's metrics."""
 
 
-def _parse(text: str) -> ServerSnapshot:
-    from prometheus_client.parser import text_string_to_metric_families
-
+def _parse(families: Iterable[Any]) -> ServerSnapshot:
+    """One snapshot from the parsed metric families of a `/metrics` page."""
     totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families:
         if family.name not in _WANTED:
             continue
         combine = _WANTED[family.name]
@@ -278,6 +338,17 @@ _live: set[_Sampler] = set()
 _live_lock = threading.Lock()
 
 
+@atexit.register
+def _stop_all() -> None:
+    """At interpreter exit, end every sampling thread before the interpreter tears down."""
+    with _live_lock:
+        samplers = list(_live)
+    for sampler in samplers:
+        sampler.stopping.set()
+    for sampler in samplers:
+        sampler.stop()
+
+
 def _fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]]:
     """The latest sample of every running sampler whose latest attempt succeeded, with its gauge
     attributes; what llmspans' observable gauges report (see `llmspans._metrics`)."""
@@ -286,7 +357,7 @@ def _fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]
     readings: list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]] = []
     for sampler in samplers:
         snapshot = sampler.snapshot
-        if snapshot is not None and sampler.healthy:
+        if snapshot is not None and sampler.healthy and not sampler.abandoned:
             readings.append((snapshot, sampler.gauge_attributes))
     return readings
 
@@ -333,13 +404,18 @@ class ServerMetrics:
         interval = _seconds(interval, "interval")
         timeout = _seconds(timeout, "timeout")
         try:
-            import prometheus_client.parser  # noqa: F401
+            from prometheus_client.parser import text_string_to_metric_families
         except ImportError as error:
             raise ImportError(_INSTALL_HINT) from error
-        self._sampler = _Sampler(metrics_url, address, port, interval, timeout)
+        self._sampler = _Sampler(
+            metrics_url, address, port, interval, timeout, text_string_to_metric_families
+        )
         self._closed = False
         self._sampler.start()
-        self._finalizer = weakref.finalize(self, _Sampler.stop, self._sampler)
+        # Collection only flags the thread to end (see _Sampler); interpreter exit stops every
+        # sampler through _stop_all instead.
+        self._finalizer = weakref.finalize(self, _Sampler.abandon, self._sampler)
+        self._finalizer.atexit = False
 
     @property
     def metrics_url(self) -> str:
@@ -398,7 +474,8 @@ class ServerMetrics:
         if self._closed:
             return
         self._closed = True
-        self._finalizer()
+        self._finalizer.detach()
+        self._sampler.stop()
 
     def __enter__(self) -> ServerMetrics:
         return self

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -709,8 +710,6 @@ def test_sampler_stops_on_close_on_collection_and_is_harmless_to_close_twice() -
 
 
 def test_interpreter_exit_is_prompt_and_quiet_with_a_sampler_left_open() -> None:
-    import subprocess
-
     with vllm() as sim:
         code = (
             "import time\n"
@@ -727,6 +726,133 @@ def test_interpreter_exit_is_prompt_and_quiet_with_a_sampler_left_open() -> None
     assert out.stdout.split() == ["0"]
     assert "Traceback" not in out.stderr
     assert elapsed < 10  # the interpreter's start-up dominates; the samplers add at most one timeout
+
+
+# --- the sampling thread never disturbs the app ----------------------------------------------------
+
+FIRST_CALL = """
+import sys
+import openai
+import llmspans
+
+client = llmspans.instrument(
+    openai.OpenAI(base_url=sys.argv[1], api_key="sk-test", max_retries=0), provider="vllm", server_metrics=True
+)
+client.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+"""
+
+
+def test_the_first_call_right_after_instrument_succeeds_in_every_fresh_process() -> None:
+    """The sampler thread used to `import httpx` while the app's first request ran; the openai 3.x
+    SDK looks `httpx` up in `sys.modules` and failed on the half-imported module in about one
+    fresh process in five. Only a fresh process has never imported it, hence one per try."""
+    tries = 25
+    failures: list[str] = []
+    with vllm() as sim:
+        for _ in range(tries):
+            out = subprocess.run(
+                [sys.executable, "-c", FIRST_CALL, sim.base_url, MODEL],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if out.returncode != 0:
+                failures.append(
+                    out.stderr.strip().splitlines()[-1] if out.stderr.strip() else str(out.returncode)
+                )
+        assert sim.wait_idle()
+        calls = [r for r in sim.requests if r.path == "/v1/chat/completions"]
+    assert failures == [], f"{len(failures)} of {tries} fresh processes failed their first call"
+    assert len(calls) == tries
+
+
+THREAD_IMPORTS = """
+import json, socket, sys, threading
+
+imports = {}
+
+
+def audit(event, args):
+    if event == "import":
+        imports.setdefault(threading.current_thread().name, []).append(args[0])
+
+
+sys.addaudithook(audit)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from llmspans import _metrics
+
+# The vLLM gauges' callback, collected from a thread of its own as a periodic reader does.
+reader = InMemoryMetricReader()
+_metrics.Instruments(MeterProvider(metric_readers=[reader]).get_meter("t"))
+collector = threading.Thread(target=reader.get_metrics_data, name="collector")
+collector.start()
+collector.join()
+
+from llmspans.vllm import ServerMetrics
+
+silent = socket.socket()  # accepts connections, never answers: every read times out
+silent.bind(("127.0.0.1", 0))
+silent.listen()
+closed = socket.socket()
+closed.bind(("127.0.0.1", 0))
+targets = [sys.argv[1], sys.argv[2], sys.argv[3]]
+targets += ["http://127.0.0.1:%d" % s.getsockname()[1] for s in (silent, closed)]
+closed.close()
+for url in targets:
+    with ServerMetrics(url, interval=0.02, timeout=0.1) as sampler:
+        sampler.wait_for_sample(0.3)
+        sampler.wait_for_sample(0.3)
+print(json.dumps(imports))
+"""
+
+
+def test_the_sampling_thread_and_the_gauge_callback_import_nothing(static_metrics: Any) -> None:
+    """Whatever the sampler thread needs is imported before it starts, on every path it takes
+    (a good page, HTTP 404, a page that is not vLLM's, a read timeout, a refused connection),
+    and the gauges' callback, which runs in the metric reader's thread, imports nothing either."""
+    static_metrics.page = "# not vLLM's metrics\nup 1\n"
+    with vllm() as sim, SimulatedServer() as plain:
+        out = subprocess.run(
+            [sys.executable, "-c", THREAD_IMPORTS, sim.url, plain.url, static_metrics.url],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        scrapes = len(sim.scrapes)
+    assert out.returncode == 0, out.stderr
+    imports = json.loads(out.stdout)
+    assert imports.get(SAMPLER_THREAD, []) == []
+    assert [name for name in imports.get("collector", []) if name.startswith("llmspans")] == []
+    assert "llmspans.vllm" in imports["MainThread"]  # the audit hook saw the imports there
+    assert scrapes >= 2
+
+
+COLLECTED_UNDER_LOCK = """
+import sys, threading
+from llmspans import vllm
+
+sampler = vllm.ServerMetrics(sys.argv[1], interval=0.05)
+assert sampler.wait_for_sample(5.0)
+(thread,) = [t for t in threading.enumerate() if t.name == "llmspans-vllm-metrics"]
+with vllm._live_lock:  # garbage collection may run a finalizer while this thread holds the lock
+    del sampler
+thread.join(2)
+print("ended" if not thread.is_alive() else "running")
+"""
+
+
+def test_a_collected_sampler_is_ended_without_a_lock_in_its_finalizer() -> None:
+    """The finalizer only flags the thread: collecting a ServerMetrics while the same thread
+    holds the sampler registry's lock neither deadlocks nor leaves the thread running."""
+    with vllm() as sim:
+        out = subprocess.run(
+            [sys.executable, "-c", COLLECTED_UNDER_LOCK, sim.base_url],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ended"]
 
 
 def test_span_attributes_is_safe_from_many_threads_while_sampling(static_metrics: Any) -> None:
