@@ -113,3 +113,25 @@ class Instruments:
             names.METRIC_VLLM_KV_CACHE_USAGE, callbacks=[_vllm_gauge("kv_cache_usage")], unit="1",
             description="The vLLM server's KV-cache usage (1 means full), as last sampled from its /metrics.",
         )  # fmt: skip
+        meter.create_observable_gauge(
+            names.METRIC_VLLM_PREEMPTION_RATE, callbacks=[_vllm_gauge("preemption_rate")], unit="{preemption}/s",
+            description="Preemptions per second in the vLLM server between its last two samples.",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            names.METRIC_VLLM_PREFIX_CACHE_HIT_RATIO, callbacks=[_vllm_gauge("prefix_cache_hit_ratio")], unit="1",
+            description="The share of prompt tokens vLLM found in its prefix cache between its last two samples.",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            names.METRIC_VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY, unit="{request}",
+            callbacks=[_vllm_gauge("num_requests_waiting_for_capacity")],
+            description="Requests waiting in the vLLM server's queue for room in its batch or KV cache.",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            names.METRIC_VLLM_NUM_REQUESTS_WAITING_DEFERRED, unit="{request}",
+            callbacks=[_vllm_gauge("num_requests_waiting_deferred")],
+            description="Requests the vLLM server's scheduler deferred (a transient constraint, not capacity).",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            names.METRIC_VLLM_ADMISSION_REJECTION_RATE, callbacks=[_vllm_gauge("admission_rejection_rate")],
+            unit="{rejection}/s", description="Requests per second the vLLM server rejected at admission.",
+        )  # fmt: skip

@@ -1,23 +1,36 @@
-"""vLLM: the server's queue and KV-cache state, sampled in the background for the call spans.
+"""vLLM: the server's queue, KV-cache and pressure signals, sampled in the background for the call spans.
 
     from llmspans.vllm import ServerMetrics
 
     with ServerMetrics("http://127.0.0.1:8000/v1", interval=1.0) as server:
         server.span_attributes()
         # {"vllm.num_requests_waiting": 3, "vllm.num_requests_running": 8,
-        #  "vllm.kv_cache_usage": 0.93, "vllm.metrics.age": 0.41}
+        #  "vllm.kv_cache_usage": 0.93, "vllm.preemption_rate": 0.5, "vllm.metrics.age": 0.41}
 
 Exports `ServerMetrics`, `ServerSnapshot` and `looks_like_vllm`.
 
 **What is read.** vLLM's Prometheus `/metrics` (the server root's, whether `base_url` names the
-root or the OpenAI `/v1` URL): the gauges `vllm:num_requests_waiting`, `vllm:num_requests_running`
-and `vllm:kv_cache_usage_perc`, or the older `vllm:gpu_cache_usage_perc` when the server predates
-the rename (vLLM 0.9). The text is parsed with `prometheus_client`'s parser (the `vllm` extra:
-`pip install 'llmspans[vllm]'`).
+root or the OpenAI `/v1` URL), each signal only when the server exposes its source (docs/telemetry.md
+lists the releases):
 
-**Several series.** The gauges carry a `model_name` label (and `engine` since the V1 engine). The
-request counts are **summed** over every series, so they are the whole server's backlog and batch,
-whatever model alias or data-parallel engine holds them. The KV-cache usage is the **maximum**
+- `vllm:num_requests_waiting` and `vllm:num_requests_running` (every release; a page without them
+  is not vLLM's);
+- the KV-cache usage: `vllm:kv_cache_usage_perc` (0.9.2 and later), else `vllm:gpu_cache_usage_perc`
+  (up to 0.10.x, and the only one on the older engine that `--otlp-traces-endpoint` forces before 0.11);
+- the preemption rate: the counter `vllm:num_preemptions` (0.9.2 and later, and the older engine),
+  else the preemptions that 0.33's `vllm:request_num_preemptions` counted for finished requests;
+- the prefix-cache hit ratio: `vllm:prefix_cache_hits` over `vllm:prefix_cache_queries` (0.9.2 and
+  later; `vllm:gpu_prefix_cache_*` before), else 0.33's `vllm:prompt_tokens_cached` over
+  `vllm:prompt_tokens`;
+- `vllm:num_requests_waiting_by_reason{reason=capacity|deferred}` and the admission-rejection rate
+  from `vllm:admission_rejections` (0.33).
+
+Rates and the ratio are over the time between the last two successful reads. The text is parsed
+with `prometheus_client`'s parser (the `vllm` extra: `pip install 'llmspans[vllm]'`).
+
+**Several series.** The series carry a `model_name` label (and `engine` on the newer engine). The
+request counts and counters are **summed** over every series, so they are the whole server's backlog,
+batch and events, whatever model alias or data-parallel engine holds them. The KV-cache usage is the **maximum**
 over the series: each engine has its own cache, and the fullest one is the one that stalls
 admission (summing fractions would be meaningless).
 
@@ -34,10 +47,10 @@ thread stops on `close()`, at the end of a `with` block, within a quarter of a s
 object being garbage collected, and at interpreter exit. The thread imports nothing and the
 finalizer takes no lock (see `_Sampler` for why).
 
-**Gauges.** While sampling, the values are also exported as OpenTelemetry gauges
-`vllm.num_requests_waiting`, `vllm.num_requests_running` and `vllm.kv_cache_usage` with the
-server's `server.address` and `server.port`, through the same meter provider as llmspans'
-other instruments.
+**Gauges.** While sampling, the values are also exported as OpenTelemetry gauges of the same
+names as the span attributes (`vllm.num_requests_waiting`, `vllm.kv_cache_usage`,
+`vllm.preemption_rate`, ...) with the server's `server.address` and `server.port`, through the
+same meter provider as llmspans' other instruments.
 
 **Recognising vLLM.** vLLM's `/v1/models` lists its models with `owned_by: "vllm"`
 (`looks_like_vllm()` checks a decoded payload), but finding out takes a request to the server
@@ -96,6 +109,12 @@ class ServerSnapshot:
     `kv_cache_usage` is a fraction (1.0 means the cache is full), None when the server exposes
     neither KV-cache gauge. `sampled_at` is the wall-clock time of the read (`time.time()`);
     the age is measured on the monotonic clock, so a wall-clock step does not distort it.
+
+    The rest is None when the server does not expose its source (see the module docstring):
+    `preemption_rate` and `admission_rejection_rate` are per second and `prefix_cache_hit_ratio`
+    a fraction of the prompt tokens looked up, all three over the time since the previous
+    successful read (None on the first read, after a counter went backwards, and for the ratio
+    when nothing was looked up); the two waiting counts split `num_requests_waiting` by reason.
     """
 
     num_requests_waiting: int
@@ -103,6 +122,11 @@ class ServerSnapshot:
     kv_cache_usage: float | None
     sampled_at: float
     monotonic: float = field(repr=False, compare=False)
+    preemption_rate: float | None = None
+    prefix_cache_hit_ratio: float | None = None
+    num_requests_waiting_for_capacity: int | None = None
+    num_requests_waiting_deferred: int | None = None
+    admission_rejection_rate: float | None = None
     attributes: Mapping[str, AttributeValue] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -157,6 +181,7 @@ class _Sampler:
         self.thread: threading.Thread | None = None
         self._in_outage = False
         self._timeouts = httpx.Timeout(timeout).as_dict()
+        self._previous: _Reading | None = None  # the last good read, for the rates (thread only)
 
     # --- the thread (imports nothing: see the class docstring) -------------------------------
 
@@ -197,10 +222,12 @@ class _Sampler:
     def sample_once(self, transport: httpx.HTTPTransport) -> None:
         try:
             text = self._fetch(transport)
-            snapshot = _parse(self.families(text))
+            reading = _Reading.parse(self.families(text), time.monotonic())
+            snapshot = reading.snapshot(self._previous)
         except Exception as error:  # whatever went wrong, the thread carries on
             self._failed(error)
             return
+        self._previous = reading
         self.snapshot = snapshot
         self.healthy = True
         if self._in_outage:
@@ -285,54 +312,154 @@ class _NotMetrics(Exception):
     """The endpoint answered, but not with vLLM's metrics."""
 
 
-def _parse(families: Iterable[Any]) -> ServerSnapshot:
-    """One snapshot from the parsed metric families of a `/metrics` page."""
-    totals: dict[str, float] = {}
-    for family in families:
-        if family.name not in _WANTED:
-            continue
-        combine = _WANTED[family.name]
-        for sample in family.samples:
-            if sample.name != family.name or math.isnan(sample.value):
-                continue
-            previous = totals.get(family.name)
-            totals[family.name] = sample.value if previous is None else combine(previous, sample.value)
-    waiting = totals.get(names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING)
-    running = totals.get(names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING)
-    if waiting is None or running is None:
-        raise _NotMetrics(
-            f"no {names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING} / {names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING} "
-            "gauges: is this a vLLM server?"
-        )
-    kv_cache = totals.get(
-        names.PROMETHEUS_VLLM_KV_CACHE_USAGE, totals.get(names.PROMETHEUS_VLLM_GPU_CACHE_USAGE)
-    )
-    attributes: dict[str, AttributeValue] = {
-        names.VLLM_NUM_REQUESTS_WAITING: round(waiting),
-        names.VLLM_NUM_REQUESTS_RUNNING: round(running),
-    }
-    if kv_cache is not None:
-        attributes[names.VLLM_KV_CACHE_USAGE] = kv_cache
-    return ServerSnapshot(
-        num_requests_waiting=round(waiting),
-        num_requests_running=round(running),
-        kv_cache_usage=kv_cache,
-        sampled_at=time.time(),
-        monotonic=time.monotonic(),
-        attributes=attributes,
-    )
-
-
 def _add(a: float, b: float) -> float:
     return a + b
 
 
-_WANTED: dict[str, Callable[[float, float], float]] = {
-    names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING: _add,
-    names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING: _add,
-    names.PROMETHEUS_VLLM_KV_CACHE_USAGE: max,
-    names.PROMETHEUS_VLLM_GPU_CACHE_USAGE: max,
+# vLLM family -> (the sample read: its name's suffix, how the series combine). Counts are summed over
+# every series (model aliases, data-parallel engines); the KV-cache usage is the fullest engine's.
+_WANTED: dict[str, tuple[str, Callable[[float, float], float]]] = {
+    names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING: ("", _add),
+    names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING: ("", _add),
+    names.PROMETHEUS_VLLM_KV_CACHE_USAGE: ("", max),
+    names.PROMETHEUS_VLLM_GPU_CACHE_USAGE: ("", max),
+    names.PROMETHEUS_VLLM_NUM_PREEMPTIONS: ("_total", _add),
+    names.PROMETHEUS_VLLM_REQUEST_NUM_PREEMPTIONS: ("_sum", _add),  # a histogram: preemptions it counted
+    names.PROMETHEUS_VLLM_PREFIX_CACHE_QUERIES: ("_total", _add),
+    names.PROMETHEUS_VLLM_PREFIX_CACHE_HITS: ("_total", _add),
+    names.PROMETHEUS_VLLM_GPU_PREFIX_CACHE_QUERIES: ("_total", _add),
+    names.PROMETHEUS_VLLM_GPU_PREFIX_CACHE_HITS: ("_total", _add),
+    names.PROMETHEUS_VLLM_PROMPT_TOKENS: ("_total", _add),
+    names.PROMETHEUS_VLLM_PROMPT_TOKENS_CACHED: ("_total", _add),
+    names.PROMETHEUS_VLLM_ADMISSION_REJECTIONS: ("_total", _add),
 }
+_REASONS = (names.PROMETHEUS_VLLM_REASON_CAPACITY, names.PROMETHEUS_VLLM_REASON_DEFERRED)
+
+
+def _first(totals: Mapping[str, float], *candidates: str) -> float | None:
+    """The first of `candidates` the page had (a current name before the older one)."""
+    for name in candidates:
+        if name in totals:
+            return totals[name]
+    return None
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """One `/metrics` page reduced to what llmspans uses: the gauges, and the counters' totals at
+    `monotonic`, from which two consecutive reads make rates."""
+
+    waiting: int
+    running: int
+    kv_cache_usage: float | None
+    waiting_by_reason: Mapping[str, int]
+    preemptions: float | None
+    prefix_lookups: tuple[float, float] | None  # (tokens queried, tokens found)
+    admission_rejections: float | None
+    monotonic: float
+
+    @classmethod
+    def parse(cls, families: Iterable[Any], monotonic: float) -> _Reading:
+        totals: dict[str, float] = {}
+        by_reason: dict[str, float] = {}
+        for family in families:
+            if family.name == names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING_BY_REASON:
+                for sample in family.samples:
+                    reason = sample.labels.get("reason")
+                    if sample.name == family.name and reason in _REASONS and not math.isnan(sample.value):
+                        by_reason[reason] = by_reason.get(reason, 0.0) + sample.value
+                continue
+            wanted = _WANTED.get(family.name)
+            if wanted is None:
+                continue
+            suffix, combine = wanted
+            for sample in family.samples:
+                if sample.name != family.name + suffix or math.isnan(sample.value):
+                    continue
+                previous = totals.get(family.name)
+                totals[family.name] = sample.value if previous is None else combine(previous, sample.value)
+        waiting = totals.get(names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING)
+        running = totals.get(names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING)
+        if waiting is None or running is None:
+            raise _NotMetrics(
+                f"no {names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING} / {names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING} "
+                "gauges: is this a vLLM server?"
+            )
+        queries = _first(
+            totals, names.PROMETHEUS_VLLM_PREFIX_CACHE_QUERIES, names.PROMETHEUS_VLLM_GPU_PREFIX_CACHE_QUERIES
+        )
+        hits = _first(
+            totals, names.PROMETHEUS_VLLM_PREFIX_CACHE_HITS, names.PROMETHEUS_VLLM_GPU_PREFIX_CACHE_HITS
+        )
+        lookups = None if queries is None or hits is None else (queries, hits)
+        if lookups is None:  # 0.33 also counts the prompt tokens served from the cache
+            prompt = totals.get(names.PROMETHEUS_VLLM_PROMPT_TOKENS)
+            cached = totals.get(names.PROMETHEUS_VLLM_PROMPT_TOKENS_CACHED)
+            lookups = None if prompt is None or cached is None else (prompt, cached)
+        return cls(
+            waiting=round(waiting),
+            running=round(running),
+            kv_cache_usage=_first(
+                totals, names.PROMETHEUS_VLLM_KV_CACHE_USAGE, names.PROMETHEUS_VLLM_GPU_CACHE_USAGE
+            ),
+            waiting_by_reason={reason: round(count) for reason, count in by_reason.items()},
+            preemptions=_first(
+                totals, names.PROMETHEUS_VLLM_NUM_PREEMPTIONS, names.PROMETHEUS_VLLM_REQUEST_NUM_PREEMPTIONS
+            ),
+            prefix_lookups=lookups,
+            admission_rejections=totals.get(names.PROMETHEUS_VLLM_ADMISSION_REJECTIONS),
+            monotonic=monotonic,
+        )
+
+    def snapshot(self, previous: _Reading | None) -> ServerSnapshot:
+        """This read as a snapshot; the rates are over the time since `previous` (None: no rates)."""
+        elapsed = None if previous is None else self.monotonic - previous.monotonic
+        preemption_rate = rejection_rate = hit_ratio = None
+        if previous is not None and elapsed is not None and elapsed > 0:
+            preemption_rate = _rate(self.preemptions, previous.preemptions, elapsed)
+            rejection_rate = _rate(self.admission_rejections, previous.admission_rejections, elapsed)
+            if self.prefix_lookups is not None and previous.prefix_lookups is not None:
+                queried = self.prefix_lookups[0] - previous.prefix_lookups[0]
+                found = self.prefix_lookups[1] - previous.prefix_lookups[1]
+                if queried > 0 and 0 <= found <= queried:
+                    hit_ratio = found / queried
+        for_capacity = self.waiting_by_reason.get(names.PROMETHEUS_VLLM_REASON_CAPACITY)
+        deferred = self.waiting_by_reason.get(names.PROMETHEUS_VLLM_REASON_DEFERRED)
+        attributes: dict[str, AttributeValue] = {}
+        for attribute, value in (
+            (names.VLLM_NUM_REQUESTS_WAITING, self.waiting),
+            (names.VLLM_NUM_REQUESTS_RUNNING, self.running),
+            (names.VLLM_KV_CACHE_USAGE, self.kv_cache_usage),
+            (names.VLLM_PREEMPTION_RATE, preemption_rate),
+            (names.VLLM_PREFIX_CACHE_HIT_RATIO, hit_ratio),
+            (names.VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY, for_capacity),
+            (names.VLLM_NUM_REQUESTS_WAITING_DEFERRED, deferred),
+            (names.VLLM_ADMISSION_REJECTION_RATE, rejection_rate),
+        ):
+            if value is not None:
+                attributes[attribute] = value
+        return ServerSnapshot(
+            num_requests_waiting=self.waiting,
+            num_requests_running=self.running,
+            kv_cache_usage=self.kv_cache_usage,
+            sampled_at=time.time(),
+            monotonic=self.monotonic,
+            preemption_rate=preemption_rate,
+            prefix_cache_hit_ratio=hit_ratio,
+            num_requests_waiting_for_capacity=for_capacity,
+            num_requests_waiting_deferred=deferred,
+            admission_rejection_rate=rejection_rate,
+            attributes=attributes,
+        )
+
+
+def _rate(now: float | None, before: float | None, elapsed: float) -> float | None:
+    """Per second between two counter totals; None when either is missing or the counter went back
+    (the server restarted)."""
+    if now is None or before is None or now < before:
+        return None
+    return (now - before) / elapsed
+
 
 _live: set[_Sampler] = set()
 _live_lock = threading.Lock()
