@@ -17,6 +17,7 @@ dictionary building.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -222,8 +223,11 @@ def _vllm_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]
     """A gauge callback reading one field of every running vLLM sampler's latest good sample."""
 
     def observe(_options: CallbackOptions) -> Iterable[Observation]:
-        from llmspans import vllm
-
+        # The metric reader's thread runs this: look the module up, never import it (no sampler
+        # can be running before something imported it).
+        vllm = sys.modules.get("llmspans.vllm")
+        if vllm is None:
+            return []
         readings = vllm._fresh_readings()
         return [Observation(value, attributes) for sample, attributes in readings
                 if (value := getattr(sample, field)) is not None]  # fmt: skip
@@ -261,4 +265,26 @@ def register_gauges(meter: metrics.Meter) -> None:
     meter.create_observable_gauge(
         names.METRIC_VLLM_KV_CACHE_USAGE, callbacks=[_vllm_gauge("kv_cache_usage")], unit="1",
         description="The vLLM server's KV-cache usage (1 means full), as last sampled from its /metrics.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_PREEMPTION_RATE, callbacks=[_vllm_gauge("preemption_rate")], unit="{preemption}/s",
+        description="Preemptions per second in the vLLM server between its last two samples.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_PREFIX_CACHE_HIT_RATIO, callbacks=[_vllm_gauge("prefix_cache_hit_ratio")], unit="1",
+        description="The share of prompt tokens vLLM found in its prefix cache between its last two samples.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY, unit="{request}",
+        callbacks=[_vllm_gauge("num_requests_waiting_for_capacity")],
+        description="Requests waiting in the vLLM server's queue for room in its batch or KV cache.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_NUM_REQUESTS_WAITING_DEFERRED, unit="{request}",
+        callbacks=[_vllm_gauge("num_requests_waiting_deferred")],
+        description="Requests the vLLM server's scheduler deferred (a transient constraint, not capacity).",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_ADMISSION_REJECTION_RATE, callbacks=[_vllm_gauge("admission_rejection_rate")],
+        unit="{rejection}/s", description="Requests per second the vLLM server rejected at admission.",
     )  # fmt: skip
