@@ -12,7 +12,7 @@ setting, to show what each part costs:
 
 - `metrics`: every histogram record and counter add is a no-op;
 - `export`: spans are still made but the exporter drops them unencoded;
-- `attempt`: no attempt span and no `traceparent` header (the call span stays);
+- `propagation`: no `traceparent` header injected;
 - `gc`: the garbage collector is off in both clients.
 
 `--hot-path` measures the per-chunk path alone: pre-parsed chunks through the stream proxy,
@@ -20,7 +20,7 @@ the chat reader and the call record, with a stamp per read as the transport make
 against the same chunks iterated bare.
 
     python benchmarks/inprocess.py --mode otlp
-    python benchmarks/inprocess.py --mode otlp --what calls --ablate "" metrics export attempt metrics,attempt
+    python benchmarks/inprocess.py --mode otlp --what calls --ablate "" metrics export propagation
     python benchmarks/inprocess.py --hot-path
 """
 
@@ -70,8 +70,12 @@ def bodies(chunks: int) -> tuple[bytes, list[bytes]]:
     return json.dumps(full).encode(), events
 
 
-def clients(chunks: int) -> dict[str, Callable[[bool], Any]]:
-    """Factories of sync and async openai clients on the in-memory transport (instrumented or not)."""
+def clients(chunks: int, peer: str = "llmspans") -> dict[str, Callable[[bool], Any]]:
+    """Factories of sync and async openai clients on the in-memory transport (instrumented or not).
+
+    With `peer="otel-v2"` both factories give plain clients: that instrumentation patches the SDK's
+    classes, and `paired` switches it on and off around the instrumented arm.
+    """
     import httpx2
     import openai
 
@@ -105,14 +109,14 @@ def clients(chunks: int) -> dict[str, Callable[[bool], Any]]:
     def sync_client(instrumented: bool) -> Any:
         http = openai.DefaultHttpxClient(transport=SyncTransport())
         client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0, http_client=http)
-        return llmspans.instrument(client) if instrumented else client
+        return llmspans.instrument(client) if instrumented and peer == "llmspans" else client
 
     def async_client(instrumented: bool) -> Any:
         http = openai.DefaultAsyncHttpxClient(transport=AsyncTransport())
         client = openai.AsyncOpenAI(
             base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0, http_client=http
         )
-        return llmspans.instrument(client) if instrumented else client
+        return llmspans.instrument(client) if instrumented and peer == "llmspans" else client
 
     return {"sync": sync_client, "async": async_client}
 
@@ -164,7 +168,6 @@ def ablate(parts: list[str]) -> None:
     """Switch parts of llmspans' output off (after configure, before any client is made)."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace.export import SpanExportResult
-    from opentelemetry.trace import INVALID_SPAN
 
     import llmspans._telemetry as telemetry
     import llmspans._transport as transport
@@ -173,54 +176,95 @@ def ablate(parts: list[str]) -> None:
         gc.disable()
     if "metrics" in parts:
 
-        class _Nothing:
-            def record(self, *args: Any, **kwargs: Any) -> None:
+        class _NoRecorder:
+            def sample(self, *args: Any) -> None:
+                return None
+
+            def add(self, *args: Any) -> None:
                 pass
 
-            def add(self, *args: Any, **kwargs: Any) -> None:
+            def add_distribution(self, *args: Any) -> None:
                 pass
 
-        class _NoInstruments:
-            def __getattr__(self, name: str) -> _Nothing:
-                return _Nothing()
+            def chunk_recorder(self, *args: Any) -> None:
+                return None
 
-        telemetry._global = (telemetry.tracer(), _NoInstruments())  # type: ignore[assignment]
+        telemetry._global = (telemetry.tracer(), _NoRecorder())  # type: ignore[assignment]
     if "export" in parts:
         for processor in trace.get_tracer_provider()._active_span_processor._span_processors:  # type: ignore[attr-defined]
             processor._batch_processor._exporter.export = lambda spans: SpanExportResult.SUCCESS
-    if "attempt" in parts:
-
-        class _NoSpans:
-            def tracer(self) -> _NoSpans:
-                return self
-
-            def start_span(self, *args: Any, **kwargs: Any) -> Any:
-                return INVALID_SPAN
+    if "propagation" in parts:
 
         class _NoPropagation:
             def inject(self, *args: Any, **kwargs: Any) -> None:
                 pass
 
-        transport._telemetry = _NoSpans()  # type: ignore[assignment]
         transport.propagate = _NoPropagation()  # type: ignore[assignment]
 
 
+class _Switch:
+    """Turns a class-patching instrumentation (otel-v2) on for the instrumented arm, off for the plain one."""
+
+    def __init__(self, instrumentor: Any = None) -> None:
+        self._instrumentor = instrumentor
+
+    def on(self) -> None:
+        if self._instrumentor is not None and not self._instrumentor.is_instrumented_by_opentelemetry:
+            self._instrumentor.instrument()
+
+    def off(self) -> None:
+        if self._instrumentor is not None and self._instrumentor.is_instrumented_by_opentelemetry:
+            self._instrumentor.uninstrument()
+
+
 def paired(
-    run: Callable[[Any, int], float], plain: Any, instrumented: Any, n: int, repeats: int
-) -> list[float]:
+    run: Callable[[Any, int], float], plain: Any, instrumented: Any, n: int, repeats: int,
+    switch: _Switch | None = None,
+) -> list[float]:  # fmt: skip
     """Added seconds per unit, one figure per repetition, the order alternating (A B, B A, ...)."""
-    run(plain, max(1, n // 10))
-    run(instrumented, max(1, n // 10))
+    switch = switch or _Switch()
+
+    def arm(client: Any, count: int, on: bool) -> float:
+        switch.on() if on else switch.off()
+        return run(client, count)
+
+    arm(plain, max(1, n // 10), False)
+    arm(instrumented, max(1, n // 10), True)
     added = []
     for repeat in range(repeats):
         if repeat % 2:
-            with_llmspans = run(instrumented, n)
-            without = run(plain, n)
+            with_instrumentation = arm(instrumented, n, True)
+            without = arm(plain, n, False)
         else:
-            without = run(plain, n)
-            with_llmspans = run(instrumented, n)
-        added.append(with_llmspans - without)
+            without = arm(plain, n, False)
+            with_instrumentation = arm(instrumented, n, True)
+        added.append(with_instrumentation - without)
     return added
+
+
+def _peer_providers(mode: str) -> None:
+    """What a user of another instrumentation sets up: SDK providers, batch spans, periodic metrics."""
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    if mode == "file":
+        from opentelemetry.exporter.otlp.json.file import FileMetricExporter, FileSpanExporter
+
+        stream = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "inprocess-peer.jsonl"), "a")  # noqa: SIM115
+        span_exporter: Any = FileSpanExporter(stream=stream)
+        metric_exporter: Any = FileMetricExporter(stream=stream)
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        span_exporter, metric_exporter = OTLPSpanExporter(), OTLPMetricExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(metric_exporter)]))
 
 
 def hot_path(chunks: int) -> None:
@@ -252,7 +296,7 @@ def hot_path(chunks: int) -> None:
         record = CallRecord(operation="chat", model=MODEL, provider="openai", stream=True)
         call = _openai._Call(record, "/chat/completions", False, False)
         reader = functools.partial(_openai._chat_item, call)
-        for _ in SyncStreamProxy(reads(record), record, reader, lambda outcome, error: None):
+        for _ in SyncStreamProxy(reads(record), record, reader, lambda outcome, error, at_ns: None):
             pass
         record.finished = True  # not ended: the call's fixed cost is measured by the A/B
 
@@ -276,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablate", nargs="*", default=[""],
                         help="comma-separated parts to switch off, one run per setting ('' for none)")  # fmt: skip
     parser.add_argument("--hot-path", action="store_true", help="only the per-chunk hot path")
+    parser.add_argument("--peer", choices=("llmspans", "otel-v2"), default="llmspans",
+                        help="which instrumentation the instrumented arm runs")  # fmt: skip
+    parser.add_argument("--sampler", choices=("always_on", "always_off", "ratio"), default="always_on",
+                        help="the tracer provider's sampler (ratio: parentbased_traceidratio at 0.01)")  # fmt: skip
     parser.add_argument("--one", help=argparse.SUPPRESS)  # one ablation setting, in a fresh process
     args = parser.parse_args(argv)
 
@@ -288,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         for setting in args.ablate:
             command = [sys.executable, __file__, "--one", setting, "--mode", args.mode, "--what", *args.what,
                        "--repeats", str(args.repeats), "--calls", str(args.calls),
-                       "--streams", str(args.streams), "--chunks", str(args.chunks)]  # fmt: skip
+                       "--streams", str(args.streams), "--chunks", str(args.chunks), "--peer", args.peer,
+                       "--sampler", args.sampler]  # fmt: skip
             subprocess.run(command, check=True)
         return 0
 
@@ -299,23 +348,36 @@ def main(argv: list[str] | None = None) -> int:
         assert sink.stdout is not None
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.stdout.readline().strip()
         atexit.register(sink.terminate)  # before configure(): runs after the providers' last export
+    if args.sampler == "always_off":
+        os.environ["OTEL_TRACES_SAMPLER"] = "always_off"
+    elif args.sampler == "ratio":
+        os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+        os.environ["OTEL_TRACES_SAMPLER_ARG"] = "0.01"
     import llmspans
 
-    if args.mode == "file":
+    switch = _Switch()
+    if args.peer == "otel-v2":
+        from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+
+        if args.mode != "none":
+            _peer_providers(args.mode)
+        switch = _Switch(OpenAIInstrumentor())
+    elif args.mode == "file":
         llmspans.configure(traces_file=os.path.join(os.environ.get("TMPDIR", "/tmp"), "inprocess.jsonl"))
     elif args.mode == "otlp":
         llmspans.configure()
     ablate([part for part in args.one.split(",") if part])
     loop = asyncio.new_event_loop()
-    factories = clients(args.chunks)
+    factories = clients(args.chunks, args.peer)
     for name in args.what:
         kind, run = workloads(loop)[name]
         n = args.calls if "calls" in name else args.streams
-        added = paired(run, factories[kind](False), factories[kind](True), n, args.repeats)
+        added = paired(run, factories[kind](False), factories[kind](True), n, args.repeats, switch)
         low, _, high = statistics.quantiles(added, n=4)
         unit = "call" if "calls" in name else "chunk"
-        print(f"{args.mode:5} off={args.one or '-':16} {name:9} added {statistics.median(added) * 1e6:8.2f} "
-              f"µs/{unit}  IQR {low * 1e6:.2f}..{high * 1e6:.2f}", flush=True)  # fmt: skip
+        print(f"{args.peer:8} {args.mode:5} {args.sampler:10} off={args.one or '-':12} {name:9} added "
+              f"{statistics.median(added) * 1e6:8.2f} µs/{unit}  IQR {low * 1e6:.2f}..{high * 1e6:.2f}",
+              flush=True)  # fmt: skip
     loop.run_until_complete(loop.shutdown_asyncgens())
     loop.close()
     return 0

@@ -58,13 +58,12 @@ _OVERFLOW = Labels({names.METRIC_OVERFLOW: True})
 class _Series:
     """One instrument's points for one attribute set since its start (or the last delta collection)."""
 
-    __slots__ = ("count", "counts", "exemplars", "labels", "max", "min", "seen", "start_ns", "sum")
+    __slots__ = ("counts", "exemplars", "labels", "max", "min", "seen", "start_ns", "sum")
 
     def __init__(self, labels: Labels, buckets: int, start_ns: int) -> None:
         self.labels = labels
         self.start_ns = start_ns
         self.counts = [0] * buckets  # a counter keeps one "bucket"
-        self.count = 0
         self.sum: float = 0
         self.min = float("inf")
         self.max = float("-inf")
@@ -101,11 +100,32 @@ class Aggregation:
         return None  # the stream counts its gaps on the boundaries itself: `add_distribution`
 
     def add(self, records: Sequence[tuple[InstrumentSpec, float, Labels]], sample: Sample | None) -> None:
-        """Aggregate several measurements under one lock: a call's dozen values cost one acquisition."""
+        """Aggregate several measurements under one lock: a call's dozen values cost one acquisition.
+
+        A histogram's count is the sum of its bucket counts, taken at collection.
+        """
         now = sample.time_ns if sample is not None else 0
+        tables = self._series
         with self._lock:
             for spec, value, labels in records:
-                self._add(spec, value, labels, sample, now)
+                series = tables[spec.index].get(labels.key) or self._find(spec, labels, now)
+                series.sum += value
+                boundaries = spec.boundaries
+                if not boundaries:  # a counter: one "bucket", and a one-exemplar reservoir as the SDK's
+                    series.counts[0] += 1
+                    if sample is not None:
+                        series.seen += 1
+                        if series.seen == 1 or random.randrange(series.seen) == 0:
+                            series.exemplars[0] = (value, now, sample)
+                    continue
+                index = bisect_left(boundaries, value)
+                series.counts[index] += 1
+                if value < series.min:
+                    series.min = value
+                if value > series.max:
+                    series.max = value
+                if sample is not None:
+                    series.exemplars[index] = (value, now, sample)
 
     def add_distribution(
         self, spec: InstrumentSpec, labels: Labels, counts: Sequence[int], total: float, low: float, high: float,
@@ -123,7 +143,6 @@ class Aggregation:
                     totals[index] += n
                     if sample is not None:
                         series.exemplars[index] = (lasts[index], sample.time_ns, sample)
-            series.count += count
             series.sum += total
             if low < series.min:
                 series.min = low
@@ -142,28 +161,6 @@ class Aggregation:
                 series = table[labels.key] = _Series(labels, buckets, now_ns or time.time_ns())
         return series
 
-    def _add(
-        self, spec: InstrumentSpec, value: float, labels: Labels, sample: Sample | None, now: int
-    ) -> None:
-        series = self._series[spec.index].get(labels.key) or self._find(spec, labels, now)
-        series.count += 1
-        series.sum += value
-        if spec.kind == COUNTER:
-            series.counts[0] += 1
-            if sample is not None:  # reservoir sampling of one, as the SDK's fixed-size reservoir
-                series.seen += 1
-                if series.seen == 1 or random.randrange(series.seen) == 0:
-                    series.exemplars[0] = (value, now, sample)
-            return
-        index = bisect_left(spec.boundaries, value)
-        series.counts[index] += 1
-        if value < series.min:
-            series.min = value
-        if value > series.max:
-            series.max = value
-        if sample is not None:
-            series.exemplars[index] = (value, now, sample)
-
     # --- collection -------------------------------------------------------------------------
 
     def collect(
@@ -178,7 +175,7 @@ class Aggregation:
                 if not table:
                     continue
                 delta = temporality(spec) is AggregationTemporality.DELTA
-                points = [self._point(spec, series, now) for series in table.values() if series.count]
+                points = [self._point(spec, series, now) for series in table.values() if any(series.counts)]
                 if delta:
                     table.clear()  # as the SDK: the next point starts at its first measurement
                 else:
@@ -213,7 +210,7 @@ class Aggregation:
             )  # fmt: skip
         return HistogramDataPoint(
             attributes=attributes, start_time_unix_nano=series.start_ns, time_unix_nano=now,
-            count=series.count, sum=int(series.sum) if spec.integer else series.sum,
+            count=sum(series.counts), sum=int(series.sum) if spec.integer else series.sum,
             bucket_counts=tuple(series.counts), explicit_bounds=spec.boundaries,
             min=int(series.min) if spec.integer else series.min,
             max=int(series.max) if spec.integer else series.max, exemplars=exemplars,

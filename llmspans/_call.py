@@ -13,6 +13,7 @@ chunks are counted on the conventions' boundaries as they come, in constant memo
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import weakref
@@ -28,12 +29,17 @@ from llmspans import _budget, _deferred, _suppress, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans._budget import seconds
+from llmspans._gaps import _LINEAR as _SKETCH_LINEAR
+from llmspans._gaps import _MAX_BITS as _SKETCH_MAX_BITS
+from llmspans._gaps import _SIZE as _SKETCH_SIZE
+from llmspans._gaps import _SUB as _SKETCH_SUB
+from llmspans._gaps import _SUB_BITS as _SKETCH_SUB_BITS
 from llmspans._gaps import GapSketch
 from llmspans._guard import check_fault, guarded, report
 from llmspans._stages import current_turn
 
 if TYPE_CHECKING:
-    from llmspans._limiter import Admission
+    from llmspans._limiter import Admission, Limiter
 
 _CHUNK_BOUNDS = metric.CHUNK_BOUNDARIES_NS
 _CHUNK_BUCKETS = len(_CHUNK_BOUNDS) + 1
@@ -65,6 +71,9 @@ class Attempt:
         self.span: Span | None = None  # only where it says something: see `_transport`
 
 
+# Two paths ending one call at once (a stream's end in one thread, its close in another) are rare:
+# one lock for all calls makes the check-and-set atomic without a lock per call.
+_finish_lock = threading.Lock()
 # Calls not yet finished, so the exit hook can end the ones still open (a stream the app never closed).
 _open_calls: weakref.WeakSet[CallRecord] = weakref.WeakSet()
 
@@ -79,16 +88,49 @@ def end_open_calls() -> None:
 
 
 class CallRecord:
-    """Owns one logical LLM call: its span, its instants and its stream statistics."""
+    """Owns one logical LLM call: its span, its instants and its stream statistics.
 
-    __slots__ = (
-        "__weakref__", "_choices", "_finish_lock", "admitted_ns", "attempt_spans_always", "attempts", "budget",
-        "bytes_at_ns", "cache_read_tokens", "chunk_counts", "chunk_labels", "chunk_lasts", "chunk_live",
-        "chunks", "error_type", "finish_on_close", "finish_reasons", "finished", "first_chunk_ns", "gap_max",
-        "gap_min", "gaps", "input_tokens", "kind", "last_chunk_ns", "on_release", "output_tokens", "queued_ns",
-        "recording", "released_ns", "response_id", "response_model", "server_state", "span", "stream",
-        "suppressed", "turn", "wall_anchor_ns", "wasted_output_tokens",
-    )  # fmt: skip
+    Most of a call's facts start empty and many stay so: they are class defaults, and `__init__`
+    sets only what every call has (it runs on every call; see DESIGN §5).
+    """
+
+    # A call's facts as they start out (an instance sets its own as they arrive).
+    admitted_ns: int | None = None
+    first_chunk_ns = 0
+    last_chunk_ns = 0
+    released_ns: int | None = None
+    chunks = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    wasted_output_tokens = 0
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reasons: tuple[str, ...] = ()
+    _choices: dict[int, str] | None = None  # a streamed response's finish reason per choice
+    error_type: str | None = None
+    finished = False
+    # Set when nothing but the close of the response body will tell that the call is over (a raw
+    # streaming response the caller reads by hand).
+    finish_on_close = False
+    # When the latest bytes of the response body arrived (stamped by the transport as it reads
+    # them). An SDK parses a network read into items before handing them over, so an item's true
+    # arrival is the read that completed it, not the moment we see it.
+    bytes_at_ns = 0
+    # Run once the call is over, e.g. handing a limiter slot back.
+    on_release: Callable[[], None] | None = None
+    # The serving engine's latest sampled state (vLLM's queue, batch, KV cache), stamped at admission.
+    server_state: Callable[[], Mapping[str, AttributeValue]] | None = None
+    # Gaps between chunks: the conventions' per-chunk histogram, counted as they come (or recorded
+    # one by one where the SDK aggregates: `chunk_live`), and for a recording span a finer sketch
+    # for its inter-token percentiles.
+    gaps: GapSketch | None = None
+    chunk_counts: list[int] | None = None
+    chunk_lasts: list[int] | None = None
+    chunk_live: Callable[[int], None] | None = None
+    chunk_labels: metric.Labels | None = None
+    gap_min = 0
+    gap_max = 0
 
     def __init__(
         self,
@@ -97,7 +139,7 @@ class CallRecord:
         model: str | None,
         provider: str,
         stream: bool,
-        request_attributes: Mapping[str, AttributeValue] | None = None,
+        request_attributes: Callable[[], Mapping[str, AttributeValue]] | None = None,
         server_address: str | None = None,
         server_port: int | None = None,
         budget: float | None = None,
@@ -105,61 +147,27 @@ class CallRecord:
     ) -> None:
         self.queued_ns = time.perf_counter_ns()
         self.wall_anchor_ns = time.time_ns()
-        self.admitted_ns: int | None = None
         self.attempts: list[Attempt] = []
         self.attempt_spans_always = attempt_spans_always
-        self.first_chunk_ns = 0
-        self.last_chunk_ns = 0
-        self.released_ns: int | None = None
-        self.chunks = 0
         self.stream = stream
-        self.input_tokens: int | None = None
-        self.output_tokens: int | None = None
-        self.cache_read_tokens: int | None = None
-        self.wasted_output_tokens = 0
-        self.response_id: str | None = None
-        self.response_model: str | None = None
-        self.finish_reasons: tuple[str, ...] = ()
-        self._choices: dict[int, str] | None = None  # a streamed response's finish reason per choice
-        self.error_type: str | None = None
-        self.finished = False
         _open_calls.add(self)
-        # Set when nothing but the close of the response body will tell that the call is over
-        # (a raw streaming response the caller reads by hand).
-        self.finish_on_close = False
-        # When the latest bytes of the response body arrived (stamped by the transport as it
-        # reads them). An SDK parses a network read into items before handing them over, so
-        # an item's true arrival is the read that completed it, not the moment we see it.
-        self.bytes_at_ns = 0
-        # Run once the call is over, e.g. handing a limiter slot back.
-        self.on_release: Callable[[], None] | None = None
-        # The serving engine's latest sampled state (vLLM's queue, batch, KV cache), stamped at admission.
-        self.server_state: Callable[[], Mapping[str, AttributeValue]] | None = None
-        self._finish_lock = threading.Lock()
         self.budget = _budget.registry.resolve(names.STAGE_LLM, budget)
         self.turn = current_turn.get()
-
-        kind = _kind_of(operation, model, provider, stream, server_address, server_port)
-        self.kind = kind
-        attributes: Mapping[str, AttributeValue] = kind.span_attributes
-        if request_attributes:
-            attributes = {**attributes, **request_attributes}
+        kind = self.kind = _kind_of(operation, model, provider, stream, server_address, server_port)
         self.suppressed = _suppress.suppressed()
         tracer = _suppress.NOOP_TRACER if self.suppressed else _telemetry.tracer()
-        self.span: Span = tracer.start_span(
-            kind.span_name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self.wall_anchor_ns
+        span = self.span = tracer.start_span(
+            kind.span_name,
+            kind=SpanKind.CLIENT,
+            attributes=kind.span_attributes,
+            start_time=self.wall_anchor_ns,
         )
-        self.recording = self.span.is_recording()
-        # Gaps between chunks: the conventions' per-chunk histogram, counted as they come (or
-        # recorded one by one where the SDK aggregates: `chunk_live`), and for a recording span
-        # a finer sketch for its inter-token percentiles.
-        self.gaps: GapSketch | None = GapSketch() if stream and self.recording else None
-        self.chunk_counts: list[int] | None = None
-        self.chunk_lasts: list[int] | None = None
-        self.chunk_live: Callable[[int], None] | None = None
-        self.chunk_labels: metric.Labels | None = None
-        self.gap_min = 0
-        self.gap_max = 0
+        self.recording = recording = span.is_recording()
+        if recording:  # what only a span someone will see needs
+            if request_attributes is not None:
+                span.set_attributes(request_attributes())
+            if stream:
+                self.gaps = GapSketch()
 
     # --- instants -------------------------------------------------------------------------
 
@@ -174,6 +182,28 @@ class CallRecord:
             if attributes:
                 self.span.set_attributes(attributes)
             self.span.add_event(names.EVENT_ADMITTED, timestamp=self.wall_ns(now_ns))
+
+    def admit(self, limiter: Limiter) -> None:
+        """Wait for a slot of `limiter` and hold it until the call is over; a failure to get one (a
+        timeout) ends the call and is the caller's to see."""
+        try:
+            admission = limiter.acquire()
+        except BaseException as error:
+            self.finish(names.OUTCOME_ERROR, error=error)
+            raise
+        self.hold(admission)
+
+    async def admit_async(self, limiter: Limiter) -> None:
+        """`admit` for a task; a task cancelled while it waits ends the call as cancelled."""
+        try:
+            admission = await limiter.acquire_async()
+        except asyncio.CancelledError as error:
+            self.finish(names.OUTCOME_CANCELLED, error=error)
+            raise
+        except BaseException as error:
+            self.finish(names.OUTCOME_ERROR, error=error)
+            raise
+        self.hold(admission)
 
     def hold(self, admission: Admission) -> None:
         """Admitted by a limiter: the call keeps its slot until it is over (a stream's end, not its headers)."""
@@ -224,12 +254,25 @@ class CallRecord:
             live(gap)
         gaps = self.gaps
         if gaps is not None:
-            if tokens > 1:
+            if tokens == 1:  # `GapSketch.add`, inlined: this runs once per chunk
+                if gap > gaps.max_ns:
+                    gaps.max_ns = gap
+                gaps.count += 1
+                if gap < _SKETCH_LINEAR:
+                    gaps.counts[gap] += 1
+                else:
+                    bits = gap.bit_length()
+                    if bits > _SKETCH_MAX_BITS:
+                        gaps.counts[_SKETCH_SIZE - 1] += 1
+                    else:
+                        shift = bits - _SKETCH_SUB_BITS - 1
+                        gaps.counts[
+                            _SKETCH_LINEAR + (shift - 1) * _SKETCH_SUB + ((gap >> shift) & (_SKETCH_SUB - 1))
+                        ] += 1
+            else:
                 per_token = gap // tokens
                 for _ in range(tokens):
                     gaps.add(per_token)
-            else:
-                gaps.add(gap)
 
     def _first_gap(self, gap: int) -> list[int]:
         """The second chunk: the per-chunk histogram's attributes are those known now (no error yet)."""
@@ -313,17 +356,27 @@ class CallRecord:
             last = released_ns if outcome in _SERVER_ENDED else (self.last_chunk_ns or first)
         else:  # the body read to its end is the server's last byte; until then the client waited on it
             first = last = body_done if body_done is not None else released_ns
-        points = [queued]
-        for instant in (admitted, first_start, final_start, connected, first, last, released_ns):
-            points.append(min(released_ns, max(points[-1], instant)))
-        before_first_attempt = points[2] - points[1]
+        # Each instant clamped between the one before it and the release: the buckets never go negative.
+        released = released_ns
+        a = admitted if admitted > queued else queued
+        a = released if a > released else a
+        b = first_start if first_start > a else a
+        b = released if b > released else b
+        c = final_start if final_start > b else b
+        c = released if c > released else c
+        d = connected if connected > c else c
+        d = released if d > released else d
+        e = first if first > d else d
+        e = released if e > released else e
+        f = last if last > e else e
+        f = released if f > released else f
         return {
-            "queue": points[1] - points[0],
-            "retry": points[3] - points[2],
-            "connect": points[4] - points[3],
-            "first_token": points[5] - points[4] + before_first_attempt,
-            "stream": points[6] - points[5],
-            "post": points[7] - points[6],
+            "queue": a - queued,
+            "retry": c - b,
+            "connect": d - c,
+            "first_token": e - d + (b - a),
+            "stream": f - e,
+            "post": released - f,
         }
 
     def finish(self, outcome: str, error: BaseException | None = None, now_ns: int | None = None) -> None:
@@ -337,7 +390,7 @@ class CallRecord:
         if _deferred.collecting():
             _deferred.defer(self.finish, outcome, error, now_ns or time.perf_counter_ns())
             return
-        with self._finish_lock:
+        with _finish_lock:
             if self.finished:
                 return
             self.finished = True
@@ -386,7 +439,7 @@ class CallRecord:
         which attributes are left out when they carry nothing)."""
         span = self.span
         attributes: dict[str, AttributeValue] = {
-            attribute: seconds(buckets[bucket])
+            attribute: buckets[bucket] / 1e9  # `seconds`, inlined
             for attribute, bucket in zip(names.BUCKET_ATTRIBUTES, names.BUCKETS, strict=True)
         }
         attempts = self.attempts
@@ -397,7 +450,10 @@ class CallRecord:
             if self.wasted_output_tokens:
                 attributes[names.RETRY_WASTED_OUTPUT_TOKENS] = self.wasted_output_tokens
         if attempts:
-            opened = sum(1 for attempt in attempts if attempt.new_connection)
+            opened = 0
+            for attempt in attempts:
+                if attempt.new_connection:
+                    opened += 1
             if opened:
                 attributes[names.CONNECT_NEW] = opened
             attributes[names.CONNECT_REUSED] = not attempts[-1].new_connection
@@ -446,10 +502,9 @@ class CallRecord:
             (metric.OPERATION_DURATION, duration, common),
             (metric.STAGE_DURATION, duration, _LLM_STAGE),
         ]
-        records.extend(
-            (metric.BUCKET_DURATION, seconds(buckets[bucket]), labels)
-            for bucket, labels in kind.bucket_labels
-        )
+        bucket_duration = metric.BUCKET_DURATION
+        for bucket, labels in kind.bucket_labels:
+            records.append((bucket_duration, buckets[bucket] / 1e9, labels))  # `seconds`, inlined
         if self.input_tokens is not None:
             records.append((metric.TOKEN_USAGE, self.input_tokens, input_labels))
         if self.output_tokens is not None:
@@ -460,7 +515,10 @@ class CallRecord:
             records.append((metric.TIME_TO_FIRST_CHUNK, seconds(self.first_chunk_ns - issued), common))
         for attempt in self.attempts[:-1]:
             records.append((metric.RETRY_ATTEMPTS, 1, kind.retry_labels(attempt.cause or "unknown")))
-        opened = sum(1 for attempt in self.attempts if attempt.new_connection)
+        opened = 0
+        for attempt in self.attempts:
+            if attempt.new_connection:
+                opened += 1
         if opened:
             records.append((metric.CONNECT_NEW, opened, kind.metric_labels))
         if exceeded:

@@ -1,12 +1,15 @@
 """Whether prompt and completion text may be recorded, and the hook that redacts it.
 
 Content is off unless the user opts in: `capture_content=True` (or a redaction callable)
-on `instrument()`/`configure()`, or the standard
-`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`.
+on `instrument()`/`configure()`, or the standard `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`
+with `true` or the reference values `SPAN_ONLY` / `SPAN_AND_EVENT` (any case). llmspans records
+content on the call span only: `EVENT_ONLY` asks for none on spans, so it records none, and says once
+that it emits no content events (nor does `SPAN_AND_EVENT` add any). Anything else is off.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any, Union
@@ -16,6 +19,7 @@ from llmspans import _names as names
 Redactor = Callable[[Any], Any]
 CaptureSetting = Union[bool, Redactor, None]  # noqa: UP007 - a runtime alias must work on 3.10
 
+logger = logging.getLogger("llmspans")
 _configured: CaptureSetting = None
 MAX_CONTENT_CHARS = 16_384
 
@@ -37,4 +41,21 @@ def resolve(explicit: CaptureSetting) -> CaptureSetting:
         return explicit
     if _configured is not None:
         return _configured
-    return os.environ.get(names.ENV_CAPTURE_CONTENT, "").strip().lower() in ("1", "true", "yes", "on")
+    return _from_environment(os.environ.get(names.ENV_CAPTURE_CONTENT, ""))
+
+
+_ON = frozenset({"1", "true", "yes", "on", "span_only", "span_and_event"})
+_NO_EVENTS = frozenset({"event_only", "span_and_event"})
+_said: set[str] = set()
+
+
+def _from_environment(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _NO_EVENTS and value not in _said:
+        _said.add(value)
+        logger.warning(
+            "llmspans: %s=%s: llmspans records message content on the call span only and emits no content "
+            "events%s", names.ENV_CAPTURE_CONTENT, raw.strip(),
+            "; nothing is recorded" if value == "event_only" else "",
+        )  # fmt: skip
+    return value in _ON

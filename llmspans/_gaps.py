@@ -16,7 +16,8 @@ _SIZE = _LINEAR + (_MAX_BITS - _SUB_BITS - 1) * _SUB
 
 
 def bucket_index(value_ns: int) -> int:
-    """Index of the bucket holding `value_ns`; kept in sync with the inlined copy in `GapSketch.add`."""
+    """Index of the bucket holding `value_ns`; kept in sync with the inlined copies in `GapSketch.add` and
+    `CallRecord.content_chunk` (tests/test_gaps.py checks all three agree)."""
     bits = value_ns.bit_length()
     if bits <= _SUB_BITS + 1:
         return value_ns

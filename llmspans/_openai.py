@@ -42,11 +42,18 @@ _MARK = "_llmspans_instrumentation"
 
 def operation_for(path: str) -> str | None:
     """The GenAI operation of an OpenAI-compatible path, or None for anything else."""
-    path = path.split("?", 1)[0].rstrip("/")
-    for suffix, operation in _OPERATIONS:
-        if path.endswith(suffix):
-            return operation
-    return None
+    try:
+        return _operation_of_path[path]
+    except KeyError:
+        pass
+    stripped = path.split("?", 1)[0].rstrip("/")
+    found = next((operation for suffix, operation in _OPERATIONS if stripped.endswith(suffix)), None)
+    if len(_operation_of_path) < 256:  # a client sends a handful of paths; more is not worth keeping
+        _operation_of_path[path] = found
+    return found
+
+
+_operation_of_path: dict[str, str | None] = {}
 
 
 ATTEMPT_SPANS = ("retries", "always")
@@ -97,7 +104,7 @@ class Settings:
             model=model if isinstance(model, str) else None,
             provider=self.provider,
             stream=stream,
-            request_attributes=request_attributes(body),
+            request_attributes=lambda: request_attributes(body),  # read only for a span that records
             server_address=url.host,
             server_port=url.port or (443 if url.scheme == "https" else 80),
             budget=self.budget,
@@ -199,57 +206,62 @@ class _Call:
 _ABSENT: Any = object()
 
 
-def _has(obj: Any, name: str) -> bool:
-    """`hasattr(obj, name)`, without the exception a pydantic model raises (slowly) for a name it lacks.
+_NOTHING: Mapping[str, Any] = {}
 
-    A pydantic model keeps its fields in `__dict__` and unknown keys in `__pydantic_extra__`;
-    for anything else (a private or class attribute, another kind of object) the object is asked.
-    """
-    if name in getattr(obj, "__dict__", ()):
-        return True
-    cls = type(obj)
-    private = getattr(cls, "__private_attributes__", None)
-    if private is None or name in private or hasattr(cls, name):
-        return hasattr(obj, name)
-    extra = getattr(obj, "__pydantic_extra__", None)
-    return isinstance(extra, dict) and name in extra
+
+def _fields(obj: Any) -> Mapping[str, Any]:
+    """An SDK object's fields as a mapping, read once: a pydantic model keeps them in `__dict__`
+    (asking the model for a name it lacks goes through its metaclass and an exception, which is
+    slow), a decoded raw body is one already. The keys a model does not know (vLLM's extras) are
+    left out: nothing read this way is one."""
+    fields = getattr(obj, "__dict__", None)
+    if fields is not None:
+        return fields  # type: ignore[no-any-return]
+    if isinstance(obj, Mapping):
+        return obj
+    if isinstance(obj, _Json):
+        data = obj._data
+        return data if isinstance(data, Mapping) else _NOTHING
+    return _NOTHING
 
 
 def _usage(record: CallRecord, usage: Any) -> None:
-    if usage is None:
+    fields = _fields(usage)
+    if not fields:
         return
-    details = getattr(usage, "prompt_tokens_details", None) or (
-        getattr(usage, "input_tokens_details", None) if _has(usage, "input_tokens_details") else None
-    )
-    # The Chat Completions names first, the Responses names only when they are absent (see `_has`).
-    input_tokens = getattr(usage, "prompt_tokens", _ABSENT)
-    if input_tokens is _ABSENT:
-        input_tokens = getattr(usage, "input_tokens", None)
-    output_tokens = getattr(usage, "completion_tokens", _ABSENT)
-    if output_tokens is _ABSENT:
-        output_tokens = getattr(usage, "output_tokens", None)
-    record.set_usage(input_tokens, output_tokens, getattr(details, "cached_tokens", None))
+    get = fields.get
+    # The Chat Completions names first, the Responses names when they are absent.
+    details = get("prompt_tokens_details") or get("input_tokens_details")
+    input_tokens = get("prompt_tokens")
+    if input_tokens is None:
+        input_tokens = get("input_tokens")
+    output_tokens = get("completion_tokens")
+    if output_tokens is None:
+        output_tokens = get("output_tokens")
+    record.set_usage(input_tokens, output_tokens, _fields(details).get("cached_tokens"))
 
 
 def _chat_item(call: _Call, item: Any, now: int) -> bool:
+    """One streamed chat chunk (the per-chunk path): is it content, did a choice finish, any usage."""
     record = call.record
     if record.response_id is None:
         record.set_response(getattr(item, "id", None), getattr(item, "model", None))
     choices = item.choices
     usage = item.usage
     if choices:
+        content = False
         for choice in choices:
             delta = choice.delta
-            if delta is not None:
+            if not content and delta is not None:
                 text = delta.content
                 if text or delta.tool_calls or getattr(delta, "reasoning_content", None):
+                    content = True  # one content chunk however many choices it carries
                     record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
                     if call.output is not None and text:
                         call.output.append(text)
-                    break
-        for choice in choices:
-            if choice.finish_reason:
-                record.choice_finished(choice.index, choice.finish_reason)
+            reason = choice.finish_reason
+            if reason:
+                record.choice_finished(choice.index, reason)
     if usage is not None:
         _usage(record, usage)
         return call.hide_usage and not choices
@@ -329,18 +341,18 @@ def _item_reader(operation_path: str) -> Callable[[_Call, Any, int], bool]:
 def _read_result(call: _Call, result: Any) -> None:
     """Attributes from a complete (non-streamed) response object."""
     record = call.record
-    if getattr(result, "object", None) == "response" or _has(result, "output"):
+    fields = _fields(result)
+    if fields.get("object") == "response" or fields.get("output") is not None:
         _responses_object(record, result)
         if call.capture:
             text = getattr(result, "output_text", None)
             call.output = [text] if isinstance(text, str) else None
         return
-    choices = getattr(result, "choices", None) or ()
+    choices = fields.get("choices") or ()
     record.set_response(
-        getattr(result, "id", None), getattr(result, "model", None),
-        [c.finish_reason for c in choices if getattr(c, "finish_reason", None)],
-    )  # fmt: skip
-    _usage(record, getattr(result, "usage", None))
+        fields.get("id"), fields.get("model"), [_fields(choice).get("finish_reason") for choice in choices]
+    )
+    _usage(record, fields.get("usage"))
     if call.capture:
         texts = []
         for choice in choices:
@@ -479,81 +491,79 @@ class OpenAIInstrumentation:
 
         return RawProxy(raw)
 
-    def _sync_request(self, *args: Any, **kwargs: Any) -> Any:
+    def _lead_in(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[_Call, tuple[Any, ...], dict[str, Any]] | None:
+        """What both twins do before their I/O: open the call, and pass on the (maybe amended) options."""
         options = args[1] if len(args) > 1 else kwargs.get("options")
         begun = self._begin(options)
         if begun is None:
-            return self._original_request(*args, **kwargs)
+            return None
         call, options = begun
-        args = (args[0], options, *args[2:]) if len(args) > 1 else args
-        if len(args) <= 1:
+        if len(args) > 1:
+            args = (args[0], options, *args[2:])
+        else:
             kwargs["options"] = options
-        limiter = self.settings.limiter
-        if limiter is not None:
-            try:
-                admission = limiter.acquire()
-            except BaseException as error:  # a limiter timeout is the caller's error to see
-                _finish(call, names.OUTCOME_ERROR, error)
-                raise
-            call.record.hold(admission)
-        call_token = _transport.active_call.set(call.record)
-        context_token = otel_context.attach(trace.set_span_in_context(call.record.span))
-        try:
-            result = self._original_request(*args, **kwargs)
-        except BaseException as error:
-            _finish(call, names.OUTCOME_ERROR, error)
-            raise
-        finally:
-            otel_context.detach(context_token)
-            _transport.active_call.reset(call_token)
+        return call, args, kwargs
+
+    def _hand_over(self, call: _Call, result: Any) -> Any:
+        """What both twins do after their I/O: the object the caller gets."""
         wrapped = self._wrap_result(call, result)
         if wrapped is None:  # our own failure: the caller still gets the SDK's object
             call.record.finish(names.OUTCOME_COMPLETED)
             return result
         return wrapped
 
-    async def _async_request(self, *args: Any, **kwargs: Any) -> Any:
-        options = args[1] if len(args) > 1 else kwargs.get("options")
-        begun = self._begin(options)
+    def _sync_request(self, *args: Any, **kwargs: Any) -> Any:
+        begun = self._lead_in(args, kwargs)
         if begun is None:
-            return await self._original_request(*args, **kwargs)
-        call, options = begun
-        args = (args[0], options, *args[2:]) if len(args) > 1 else args
-        if len(args) <= 1:
-            kwargs["options"] = options
-        limiter = self.settings.limiter
-        if limiter is not None:
-            try:
-                admission = await limiter.acquire_async()
-            except asyncio.CancelledError as error:
-                _finish(call, names.OUTCOME_CANCELLED, error)
-                raise
-            except BaseException as error:
-                _finish(call, names.OUTCOME_ERROR, error)
-                raise
-            call.record.hold(admission)
-        call_token = _transport.active_call.set(call.record)
-        context_token = otel_context.attach(trace.set_span_in_context(call.record.span))
+            return self._original_request(*args, **kwargs)
+        call, args, kwargs = begun
+        if self.settings.limiter is not None:
+            call.record.admit(self.settings.limiter)  # a limiter timeout is the caller's error to see
+        tokens = _enter(call.record)
         try:
-            result = await self._original_request(*args, **kwargs)
-        except asyncio.CancelledError as error:
-            _finish(call, names.OUTCOME_CANCELLED, error)
-            raise
+            result = self._original_request(*args, **kwargs)
         except BaseException as error:
             _finish(call, names.OUTCOME_ERROR, error)
             raise
         finally:
-            otel_context.detach(context_token)
-            _transport.active_call.reset(call_token)
-        wrapped = self._wrap_result(call, result)
-        if wrapped is None:
-            call.record.finish(names.OUTCOME_COMPLETED)
-            return result
-        return wrapped
+            _leave(tokens)
+        return self._hand_over(call, result)
+
+    async def _async_request(self, *args: Any, **kwargs: Any) -> Any:
+        begun = self._lead_in(args, kwargs)
+        if begun is None:
+            return await self._original_request(*args, **kwargs)
+        call, args, kwargs = begun
+        if self.settings.limiter is not None:
+            await call.record.admit_async(self.settings.limiter)
+        tokens = _enter(call.record)
+        try:
+            result = await self._original_request(*args, **kwargs)
+        except BaseException as error:
+            cancelled = isinstance(error, asyncio.CancelledError)
+            _finish(call, names.OUTCOME_CANCELLED if cancelled else names.OUTCOME_ERROR, error)
+            raise
+        finally:
+            _leave(tokens)
+        return self._hand_over(call, result)
+
+
+def _enter(record: CallRecord) -> tuple[Any, Any]:
+    """Make the call current while the SDK sends it: for the transport, and as the parent of spans."""
+    return _transport.active_call.set(record), otel_context.attach(trace.set_span_in_context(record.span))
+
+
+def _leave(tokens: tuple[Any, Any]) -> None:
+    otel_context.detach(tokens[1])
+    _transport.active_call.reset(tokens[0])
 
 
 class _Json:
     """Attribute access over a decoded JSON object, so one reader serves models and raw bodies."""
+
+    __slots__ = ("_data",)  # no `__dict__`: `_field` asks it by name
 
     def __init__(self, data: Any) -> None:
         self._data = data

@@ -75,7 +75,7 @@ def _record_exception(span: Span, error: BaseException) -> None:
 class _Scope:
     """One stage execution: starts its span, and on finish writes budget, totals and metrics once."""
 
-    __slots__ = ("budget", "done", "labels", "span", "stage", "started_ns", "suppressed", "turn")
+    __slots__ = ("budget", "context", "done", "labels", "span", "stage", "started_ns", "suppressed", "turn")
 
     def __init__(
         self, stage: str, span_name: str, attributes: Mapping[str, AttributeValue], budget: float | None,
@@ -86,9 +86,13 @@ class _Scope:
         self.budget = _budget.registry.resolve(stage, budget)
         self.turn = current_turn.get()
         self.done = False
-        self.suppressed = _suppress.suppressed()
+        outer = (
+            otel_context.get_current()
+        )  # looked up once: the suppress switch, the parent, the span's context
+        self.suppressed = _suppress.suppressed_in(outer)
         tracer = _suppress.NOOP_TRACER if self.suppressed else _telemetry.tracer()
-        self.span = tracer.start_span(span_name, kind=SpanKind.INTERNAL, attributes=attributes)
+        self.span = tracer.start_span(span_name, context=outer, kind=SpanKind.INTERNAL, attributes=attributes)
+        self.context = trace.set_span_in_context(self.span, outer)
         self.started_ns = time.perf_counter_ns()
 
     def finish(
@@ -208,7 +212,7 @@ class _StageSpec:
 def _sync_wrapper(func: Callable[..., Any], scope: Callable[[], _Scope]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         current = scope()
-        token = otel_context.attach(trace.set_span_in_context(current.span))
+        token = otel_context.attach(current.context)
         try:
             result = func(*args, **kwargs)
         except BaseException as error:
@@ -225,7 +229,7 @@ def _sync_wrapper(func: Callable[..., Any], scope: Callable[[], _Scope]) -> Call
 def _async_wrapper(func: Callable[..., Any], scope: Callable[[], _Scope]) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         current = scope()
-        token = otel_context.attach(trace.set_span_in_context(current.span))
+        token = otel_context.attach(current.context)
         try:
             result = await func(*args, **kwargs)
         except BaseException as error:
@@ -245,7 +249,7 @@ def _cancelling_wrapper(
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         current = scope()
         budget = current.budget
-        token = otel_context.attach(trace.set_span_in_context(current.span))
+        token = otel_context.attach(current.context)
         try:
             task = asyncio.ensure_future(func(*args, **kwargs))
         finally:
@@ -285,7 +289,7 @@ def _gen_wrapper(
     def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
         _deferred.start_worker()  # before a collected generator can need it
         current = scope()
-        ctx = trace.set_span_in_context(current.span)
+        ctx = current.context
         inner: Generator[Any, Any, Any] | None = None
         to_send: Any = None
         to_throw: BaseException | None = None
@@ -327,7 +331,7 @@ def _async_gen_wrapper(
     async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         _deferred.start_worker()  # before a collected generator can need it
         current = scope()
-        ctx = trace.set_span_in_context(current.span)
+        ctx = current.context
         inner: AsyncGenerator[Any, Any] | None = None
         to_send: Any = None
         to_throw: BaseException | None = None

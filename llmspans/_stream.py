@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -30,11 +29,6 @@ from llmspans._guard import report
 OnItem = Callable[[Any, int], bool]
 # Ends the call with an outcome, at an instant (None: now); runs once whichever path gets there first.
 OnEnd = Callable[[str, "BaseException | None", "int | None"], None]
-
-
-def _abandon(on_end: OnEnd) -> None:
-    """The proxy was collected: a finalizer, so it only stamps the time and hands the end over."""
-    _deferred.defer(_abandoned, on_end, time.perf_counter_ns())
 
 
 def _abandoned(on_end: OnEnd, at_ns: int) -> None:
@@ -53,11 +47,20 @@ class _StreamProxy(wrapt.ObjectProxy[Any]):
         self._self_record = record
         self._self_on_item = on_item
         self._self_on_end = on_end
-        _deferred.start_worker()  # before the finalizer can need it
-        self._self_finalizer = weakref.finalize(self, _abandon, on_end)
+        self._self_ended = False
+        _deferred.start_worker()  # before `__del__` can need it
+
+    def __del__(self) -> None:
+        """Collected before it ended: abandoned. A finalizer, so it only stamps the time and hands the
+        end to the worker (no OpenTelemetry call and no llmspans lock in a finalizer: see `_deferred`)."""
+        try:
+            if not self._self_ended:
+                _deferred.defer(_abandoned, self._self_on_end, time.perf_counter_ns())
+        except Exception:  # at interpreter shutdown the modules may be gone; the exit hook ended the call
+            pass
 
     def _self_end(self, outcome: str, error: BaseException | None) -> None:
-        self._self_finalizer.detach()
+        self._self_ended = True
         try:
             self._self_on_end(outcome, error, None)
         except Exception as failure:

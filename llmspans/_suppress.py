@@ -20,6 +20,11 @@ _KEY = getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", None)
 NOOP_TRACER: Final = trace.NoOpTracer()
 
 
+def suppressed_in(ctx: context.Context) -> bool:
+    """`suppressed()` for a context already in hand (saves looking the current one up again)."""
+    return _KEY is not None and bool(ctx.get(_KEY))
+
+
 def suppressed() -> bool:
     """Whether the current context asks instrumentation to record nothing.
 

@@ -9,7 +9,7 @@ was reused), makes an attempt span where one says something (a retried call; see
 ends when the body is closed and a non-streamed call knows when its body was read.
 
 Which call an attempt belongs to comes from `active_call`, set by the client adapter
-around the SDK's request; a plain httpx client has no adapter, so `PlainCalls` opens a
+around the SDK's request; a plain httpx client has no adapter, so a `CallOpener` opens a
 call per request to an OpenAI-compatible path.
 """
 
@@ -28,11 +28,11 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from llmspans import _deferred, _telemetry
+from llmspans import _deferred, _guard, _telemetry
 from llmspans import _names as names
 from llmspans._budget import seconds
 from llmspans._call import Attempt, CallRecord
-from llmspans._guard import guarded, swallow
+from llmspans._guard import InjectedFault, guarded, report, swallow
 from llmspans._limiter import Limiter
 from llmspans._names import PROVIDER_VLLM
 
@@ -69,7 +69,7 @@ class BodyObserver(Protocol):
     def finish(self, now_ns: int, error: BaseException | None) -> None: ...
 
 
-class PlainCalls(Protocol):
+class CallOpener(Protocol):
     """Opens call records for a plain httpx client; None for requests that are not LLM calls."""
 
     limiter: Limiter | None
@@ -140,8 +140,11 @@ class _AttemptScope:
         self.connect_started_ns = 0
         attempts = record.attempts
         attempt = self.attempt = record.attempt(now, request.method, request.url)
-        header = request.headers.get(_RETRY_HEADER)
-        attempt.resend_count = int(header) if header and header.isdigit() else len(attempts) - 1
+        attempt.resend_count = len(attempts) - 1
+        if owns_call:  # a plain client's call sees one attempt: the SDK above it says which retry this is
+            header = request.headers.get(_RETRY_HEADER)
+            if header and header.isdigit():
+                attempt.resend_count = int(header)
         if record.suppressed:
             return  # no span, and no traceparent sent
         parent = record.span
@@ -296,43 +299,6 @@ def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
         request.extensions["trace"] = strace
 
 
-@guarded("transport.begin", None)
-def _open(request: Any, plain: PlainCalls | None) -> tuple[CallRecord, BodyObserver | None, bool] | None:
-    """The call this request belongs to: the adapter's, or a new one a plain client's request opens."""
-    record = active_call.get()
-    if record is None:
-        if plain is None:
-            return None
-        opened = plain.begin(request)
-        if opened is None:
-            return None
-        return opened[0], opened[1], True
-    if record.finished:
-        return None
-    return record, None, False
-
-
-@guarded("transport.attempt", None)
-def _start(
-    opened: tuple[CallRecord, BodyObserver | None, bool], request: Any, is_async: bool
-) -> _AttemptScope | None:
-    record, observer, owns = opened
-    scope = _AttemptScope(record, request, owns, observer)
-    _chain_trace(request, scope, is_async)
-    return scope
-
-
-def _unstarted(opened: tuple[CallRecord, BodyObserver | None, bool]) -> None:
-    """Our attempt scope failed to start: a call we opened must still end."""
-    if opened[2]:
-        opened[0].finish(names.OUTCOME_COMPLETED)
-
-
-def _end_on_collect(scope: _AttemptScope) -> None:
-    """An unclosed body was collected: a finalizer, so it only stamps the time and hands the end over."""
-    _deferred.defer(_end_collected, scope, time.perf_counter_ns())
-
-
 def _end_collected(scope: _AttemptScope, at_ns: int) -> None:
     """Collection of an unclosed body still ends the attempt (and a plain call), at the collection."""
     with swallow("transport.gc"):
@@ -366,13 +332,26 @@ def library_of(client: Any) -> _Library:
     return _libraries[name]
 
 
-class _SyncBody:
+class _Body:
+    """The response body as the client reads it: stamps each read, and the close ends the attempt."""
+
     def __init__(self, inner: Any, scope: _AttemptScope) -> None:
         self._inner = inner
         self._scope = scope
-        _deferred.start_worker()  # before the finalizer can need it
-        self._finalizer = weakref.finalize(self, _end_on_collect, scope)
+        _deferred.start_worker()  # before `__del__` can need it
 
+    def __del__(self) -> None:
+        """Collected unclosed: the attempt (and a plain call) still ends. A finalizer, so it only stamps
+        the time and hands the end to the worker (see `_deferred`)."""
+        try:
+            scope = self._scope
+            if not scope.closed:
+                _deferred.defer(_end_collected, scope, time.perf_counter_ns())
+        except Exception:  # at interpreter shutdown the modules may be gone; the exit hook ended it
+            pass
+
+
+class _SyncBody(_Body):
     def __iter__(self) -> Iterator[bytes]:
         scope = self._scope
         record = scope.record
@@ -395,17 +374,10 @@ class _SyncBody:
         try:
             self._inner.close()
         finally:
-            self._finalizer.detach()
             self._scope.close()
 
 
-class _AsyncBody:
-    def __init__(self, inner: Any, scope: _AttemptScope) -> None:
-        self._inner = inner
-        self._scope = scope
-        _deferred.start_worker()  # before the finalizer can need it
-        self._finalizer = weakref.finalize(self, _end_on_collect, scope)
-
+class _AsyncBody(_Body):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         scope = self._scope
         record = scope.record
@@ -428,7 +400,6 @@ class _AsyncBody:
         try:
             await self._inner.aclose()
         finally:
-            self._finalizer.detach()
             self._scope.close()
 
 
@@ -437,36 +408,75 @@ def _observe(observer: BodyObserver, chunk: bytes, now_ns: int) -> None:
         observer.feed(chunk, now_ns)
 
 
-class _SyncTransport:
-    def __init__(self, inner: Any, library: _Library, plain: PlainCalls | None) -> None:
+class _Transport:
+    """What the sync and async transports share: everything but the I/O of one attempt."""
+
+    def __init__(self, inner: Any, library: _Library, plain: CallOpener | None) -> None:
         self.inner = inner
         self._library = library
         self._plain = plain
 
+    def _open(self, request: Any) -> tuple[CallRecord, BodyObserver | None, bool] | None:
+        """The call this request belongs to: the adapter's, or a new one a plain client's request opens
+        (True: the transport owns it); None: not an LLM call, or llmspans failed and stands aside."""
+        try:
+            if _guard._faults and "transport.begin" in _guard._faults:
+                raise InjectedFault("transport.begin")
+            record = active_call.get()
+            if record is None:
+                plain = self._plain
+                if plain is None:
+                    return None
+                opened = plain.begin(request)
+                return None if opened is None else (opened[0], opened[1], True)
+            return None if record.finished else (record, None, False)
+        except Exception as failure:
+            report("transport.begin", failure)
+            return None
+
+    def _limiter(self, opened: tuple[CallRecord, BodyObserver | None, bool]) -> Limiter | None:
+        """A plain client's limiter admits the calls its requests open (an adapter's admits its own)."""
+        return self._plain.limiter if opened[2] and self._plain is not None else None
+
+    def _attempt(
+        self, opened: tuple[CallRecord, BodyObserver | None, bool], request: Any, is_async: bool
+    ) -> _AttemptScope | None:
+        record, observer, owns = opened
+        try:
+            if _guard._faults and "transport.attempt" in _guard._faults:
+                raise InjectedFault("transport.attempt")
+            scope = _AttemptScope(record, request, owns, observer)
+            _chain_trace(request, scope, is_async)
+            return scope
+        except Exception as failure:
+            report("transport.attempt", failure)
+            if owns:  # a call we opened must still end
+                record.finish(names.OUTCOME_COMPLETED)
+            return None
+
+    def _answered(self, scope: _AttemptScope, response: Any, body: type[_Body]) -> None:
+        scope.responded(response.status_code, response.headers)
+        with swallow("transport.wrap_body"):
+            response.stream = body(response.stream, scope)
+
+
+class _SyncTransport(_Transport):
     def handle_request(self, request: Any) -> Any:
-        opened = _open(request, self._plain)
+        opened = self._open(request)
         if opened is None:
             return self.inner.handle_request(request)
-        limiter = self._plain.limiter if opened[2] and self._plain is not None else None
+        limiter = self._limiter(opened)
         if limiter is not None:
-            try:
-                admission = limiter.acquire()
-            except BaseException as error:
-                opened[0].finish(names.OUTCOME_ERROR, error=error)
-                raise
-            opened[0].hold(admission)
-        scope = _start(opened, request, False)
+            opened[0].admit(limiter)
+        scope = self._attempt(opened, request, False)
         if scope is None:
-            _unstarted(opened)
             return self.inner.handle_request(request)
         try:
             response = self.inner.handle_request(request)
         except BaseException as error:
             scope.failed(error)
             raise
-        scope.responded(response.status_code, response.headers)
-        with swallow("transport.wrap_body"):
-            response.stream = self._library.sync_body(response.stream, scope)
+        self._answered(scope, response, self._library.sync_body)
         return response
 
     def close(self) -> None:
@@ -480,39 +490,23 @@ class _SyncTransport:
         self.inner.__exit__(*args)
 
 
-class _AsyncTransport:
-    def __init__(self, inner: Any, library: _Library, plain: PlainCalls | None) -> None:
-        self.inner = inner
-        self._library = library
-        self._plain = plain
-
+class _AsyncTransport(_Transport):
     async def handle_async_request(self, request: Any) -> Any:
-        opened = _open(request, self._plain)
+        opened = self._open(request)
         if opened is None:
             return await self.inner.handle_async_request(request)
-        limiter = self._plain.limiter if opened[2] and self._plain is not None else None
+        limiter = self._limiter(opened)
         if limiter is not None:
-            try:
-                admission = await limiter.acquire_async()
-            except asyncio.CancelledError as error:
-                opened[0].finish(names.OUTCOME_CANCELLED, error=error)
-                raise
-            except BaseException as error:
-                opened[0].finish(names.OUTCOME_ERROR, error=error)
-                raise
-            opened[0].hold(admission)
-        scope = _start(opened, request, True)
+            await opened[0].admit_async(limiter)
+        scope = self._attempt(opened, request, True)
         if scope is None:
-            _unstarted(opened)
             return await self.inner.handle_async_request(request)
         try:
             response = await self.inner.handle_async_request(request)
         except BaseException as error:
             scope.failed(error)
             raise
-        scope.responded(response.status_code, response.headers)
-        with swallow("transport.wrap_body"):
-            response.stream = self._library.async_body(response.stream, scope)
+        self._answered(scope, response, self._library.async_body)
         return response
 
     async def aclose(self) -> None:
@@ -526,9 +520,9 @@ class _AsyncTransport:
         await self.inner.__aexit__(*args)
 
 
-def install(http_client: Any, plain: PlainCalls | None = None) -> bool:
+def install(http_client: Any, plain: CallOpener | None = None) -> bool:
     """Wrap the client's transport (and mounted ones); False when it was already wrapped."""
-    if isinstance(http_client._transport, (_SyncTransport, _AsyncTransport)):
+    if isinstance(http_client._transport, _Transport):
         return False
     library = library_of(http_client)
     is_async = hasattr(http_client._transport, "handle_async_request")
@@ -541,7 +535,7 @@ def install(http_client: Any, plain: PlainCalls | None = None) -> bool:
     mounts = getattr(http_client, "_mounts", None)
     if mounts:
         for pattern, transport in list(mounts.items()):
-            if transport is not None and not isinstance(transport, (_SyncTransport, _AsyncTransport)):
+            if transport is not None and not isinstance(transport, _Transport):
                 mounts[pattern] = wrap(transport)
     return True
 
@@ -549,10 +543,10 @@ def install(http_client: Any, plain: PlainCalls | None = None) -> bool:
 def remove(http_client: Any) -> None:
     """Put the client's original transports back."""
     transport = http_client._transport
-    if isinstance(transport, (_SyncTransport, _AsyncTransport)):
+    if isinstance(transport, _Transport):
         http_client._transport = transport.inner
     mounts = getattr(http_client, "_mounts", None)
     if mounts:
         for pattern, mounted in list(mounts.items()):
-            if isinstance(mounted, (_SyncTransport, _AsyncTransport)):
+            if isinstance(mounted, _Transport):
                 mounts[pattern] = mounted.inner

@@ -38,3 +38,36 @@ def test_memory_does_not_grow_with_the_stream() -> None:
 
 def test_empty_sketch_reports_zero() -> None:
     assert GapSketch().quantile_ns(0.5) == 0
+
+
+def test_the_call_records_inlined_copy_counts_like_the_sketch() -> None:
+    """`CallRecord.content_chunk` inlines `GapSketch.add` (it runs per chunk): both must agree."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from llmspans import _telemetry
+    from llmspans._call import CallRecord
+    from llmspans._metrics import SdkRecorder
+
+    rng = random.Random(11)
+    gaps = [0, 1, 15, 16, 17, 31, 32, 1000, 10**9, 2**47, 2**50] + [
+        int(rng.lognormvariate(14, 2)) for _ in range(500)
+    ]
+    previous = _telemetry._override
+    provider = TracerProvider()
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    _telemetry._override = (provider.get_tracer("t"), SdkRecorder(MeterProvider().get_meter("t")))
+    try:
+        record = CallRecord(operation="chat", model="m", provider="openai", stream=True)
+    finally:
+        _telemetry._override = previous
+    assert record.gaps is not None  # a recording span keeps the sketch
+    t = record.queued_ns + 1
+    record.content_chunk(t)
+    expected = GapSketch()
+    for gap in gaps:
+        t += gap
+        record.content_chunk(t)
+        expected.add(gap)
+    assert record.gaps.counts == expected.counts
+    assert (record.gaps.count, record.gaps.max_ns) == (expected.count, expected.max_ns)
