@@ -4,6 +4,11 @@ Adapters and the transport stamp instants on it (`perf_counter_ns`, taken where 
 or chunk arrives); `finish()` turns them into the six buckets of DESIGN §1, which sum to
 the span's duration exactly because the span's start and end are derived from the same
 monotonic stamps. It knows nothing of any client library.
+
+What it writes depends on who will look: a span that is not recording (its trace was not
+sampled) gets no attributes and no events, while every metric still counts the call. The
+metric values of a call go to the recorder together (`_metrics`), and a stream's gaps between
+chunks are counted on the conventions' boundaries as they come, in constant memory.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -18,8 +24,10 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _suppress, _telemetry
+from llmspans import _budget, _deferred, _suppress, _telemetry
+from llmspans import _metrics as metric
 from llmspans import _names as names
+from llmspans._budget import seconds
 from llmspans._gaps import GapSketch
 from llmspans._guard import check_fault, guarded, report
 from llmspans._stages import current_turn
@@ -27,25 +35,34 @@ from llmspans._stages import current_turn
 if TYPE_CHECKING:
     from llmspans._limiter import Admission
 
-_NS = 1e-9
+_CHUNK_BOUNDS = metric.CHUNK_BOUNDARIES_NS
+_CHUNK_BUCKETS = len(_CHUNK_BOUNDS) + 1
+# Outcomes that end while the client waits on the server: what follows the last chunk is the server's.
+_SERVER_ENDED = frozenset({names.OUTCOME_ERROR, names.OUTCOME_CANCELLED})
 
 
 class Attempt:
-    """One HTTP attempt as the transport saw it."""
+    """One HTTP attempt as the transport saw it; the facts its span (if it gets one) is made from."""
 
     __slots__ = (
-        "body_done_ns", "cause", "connect_ns", "connected_ns", "ended_ns", "new_connection", "started_ns", "status",
+        "body_done_ns", "cause", "connect_ns", "connected_ns", "ended_ns", "error_type", "method",
+        "new_connection", "resend_count", "span", "started_ns", "status", "url",
     )  # fmt: skip
 
-    def __init__(self, started_ns: int) -> None:
+    def __init__(self, started_ns: int, method: str = "POST", url: Any = None) -> None:
         self.started_ns = started_ns
         self.connected_ns = started_ns  # when the connection was ready; == start for a reused one
         self.connect_ns = 0
         self.new_connection = False
         self.status: int | None = None
         self.cause: str | None = None
+        self.error_type: str | None = None
         self.body_done_ns: int | None = None
         self.ended_ns: int | None = None
+        self.method = method
+        self.url = url
+        self.resend_count = 0
+        self.span: Span | None = None  # only where it says something: see `_transport`
 
 
 # Calls not yet finished, so the exit hook can end the ones still open (a stream the app never closed).
@@ -65,36 +82,12 @@ class CallRecord:
     """Owns one logical LLM call: its span, its instants and its stream statistics."""
 
     __slots__ = (
-        "__weakref__",
-        "_finish_lock",
-        "admitted_ns",
-        "attempts",
-        "budget",
-        "bytes_at_ns",
-        "cache_read_tokens",
-        "chunks",
-        "error_type",
-        "finish_on_close",
-        "finish_reasons",
-        "finished",
-        "first_chunk_ns",
-        "gaps",
-        "input_tokens",
-        "kind",
-        "last_chunk_ns",
-        "on_release",
-        "output_tokens",
-        "queued_ns",
-        "released_ns",
-        "response_id",
-        "response_model",
-        "server_state",
-        "span",
-        "stream",
-        "suppressed",
-        "turn",
-        "wall_anchor_ns",
-        "wasted_output_tokens",
+        "__weakref__", "_choices", "_finish_lock", "admitted_ns", "attempt_spans_always", "attempts", "budget",
+        "bytes_at_ns", "cache_read_tokens", "chunk_counts", "chunk_labels", "chunk_lasts", "chunk_live",
+        "chunks", "error_type", "finish_on_close", "finish_reasons", "finished", "first_chunk_ns", "gap_max",
+        "gap_min", "gaps", "input_tokens", "kind", "last_chunk_ns", "on_release", "output_tokens", "queued_ns",
+        "recording", "released_ns", "response_id", "response_model", "server_state", "span", "stream",
+        "suppressed", "turn", "wall_anchor_ns", "wasted_output_tokens",
     )  # fmt: skip
 
     def __init__(
@@ -108,16 +101,17 @@ class CallRecord:
         server_address: str | None = None,
         server_port: int | None = None,
         budget: float | None = None,
+        attempt_spans_always: bool = False,
     ) -> None:
         self.queued_ns = time.perf_counter_ns()
         self.wall_anchor_ns = time.time_ns()
         self.admitted_ns: int | None = None
         self.attempts: list[Attempt] = []
+        self.attempt_spans_always = attempt_spans_always
         self.first_chunk_ns = 0
         self.last_chunk_ns = 0
         self.released_ns: int | None = None
         self.chunks = 0
-        self.gaps: GapSketch | None = GapSketch() if stream else None
         self.stream = stream
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
@@ -126,6 +120,7 @@ class CallRecord:
         self.response_id: str | None = None
         self.response_model: str | None = None
         self.finish_reasons: tuple[str, ...] = ()
+        self._choices: dict[int, str] | None = None  # a streamed response's finish reason per choice
         self.error_type: str | None = None
         self.finished = False
         _open_calls.add(self)
@@ -154,6 +149,17 @@ class CallRecord:
         self.span: Span = tracer.start_span(
             kind.span_name, kind=SpanKind.CLIENT, attributes=attributes, start_time=self.wall_anchor_ns
         )
+        self.recording = self.span.is_recording()
+        # Gaps between chunks: the conventions' per-chunk histogram, counted as they come (or
+        # recorded one by one where the SDK aggregates: `chunk_live`), and for a recording span
+        # a finer sketch for its inter-token percentiles.
+        self.gaps: GapSketch | None = GapSketch() if stream and self.recording else None
+        self.chunk_counts: list[int] | None = None
+        self.chunk_lasts: list[int] | None = None
+        self.chunk_live: Callable[[int], None] | None = None
+        self.chunk_labels: metric.Labels | None = None
+        self.gap_min = 0
+        self.gap_max = 0
 
     # --- instants -------------------------------------------------------------------------
 
@@ -164,26 +170,27 @@ class CallRecord:
     @guarded("call.admitted", None)
     def admitted(self, now_ns: int, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         self.admitted_ns = now_ns
-        if attributes:
-            self.span.set_attributes(attributes)
-        self.span.add_event(names.EVENT_ADMITTED, timestamp=self.wall_ns(now_ns))
+        if self.recording:
+            if attributes:
+                self.span.set_attributes(attributes)
+            self.span.add_event(names.EVENT_ADMITTED, timestamp=self.wall_ns(now_ns))
 
     def hold(self, admission: Admission) -> None:
         """Admitted by a limiter: the call keeps its slot until it is over (a stream's end, not its headers)."""
         self.on_release = admission.release
         # The lane is the limiter's name, on the call's metrics as well as its span.
         self.kind = self.kind.in_lane(admission.name)
-        self.admitted(admission.admitted_ns, admission.attributes())
+        self.admitted(admission.admitted_ns, admission.attributes() if self.recording else None)
         self.stamp_server_state()
 
     @guarded("call.server_state", None)
     def stamp_server_state(self) -> None:
         """The server's state as last sampled, on the span, at the moment the call is admitted."""
-        if self.server_state is not None:
+        if self.server_state is not None and self.recording:
             self.span.set_attributes(self.server_state())
 
-    def attempt(self, started_ns: int) -> Attempt:
-        attempt = Attempt(started_ns)
+    def attempt(self, started_ns: int, method: str = "POST", url: Any = None) -> Attempt:
+        attempt = Attempt(started_ns, method, url)
         self.attempts.append(attempt)
         return attempt
 
@@ -191,7 +198,8 @@ class CallRecord:
         """A chunk carrying tokens arrived: the hot path, a few integer operations.
 
         `tokens` > 1 when the server says how many the chunk carried (vLLM's continuous usage
-        stats): the gap is then spread over them, so the inter-token figures stay per token.
+        stats): the gap is then spread over them in the sketch, so the inter-token figures stay
+        per token; the per-chunk histogram counts the chunk's gap once.
         """
         last = self.last_chunk_ns
         self.last_chunk_ns = now_ns
@@ -199,14 +207,48 @@ class CallRecord:
         if not last:
             self.first_chunk_ns = now_ns
             return
+        gap = now_ns - last
+        counts = self.chunk_counts
+        if counts is None:
+            counts = self._first_gap(gap)
+        elif gap < self.gap_min:
+            self.gap_min = gap
+        elif gap > self.gap_max:
+            self.gap_max = gap
+        live = self.chunk_live
+        if live is None:
+            index = bisect_left(_CHUNK_BOUNDS, gap)
+            counts[index] += 1
+            self.chunk_lasts[index] = gap  # type: ignore[index]
+        else:
+            live(gap)
         gaps = self.gaps
         if gaps is not None:
             if tokens > 1:
-                per_token = (now_ns - last) // tokens
+                per_token = gap // tokens
                 for _ in range(tokens):
                     gaps.add(per_token)
             else:
-                gaps.add(now_ns - last)
+                gaps.add(gap)
+
+    def _first_gap(self, gap: int) -> list[int]:
+        """The second chunk: the per-chunk histogram's attributes are those known now (no error yet)."""
+        self.gap_min = self.gap_max = gap
+        self.chunk_lasts = [0] * _CHUNK_BUCKETS
+        counts = self.chunk_counts = [0] * _CHUNK_BUCKETS
+        if self.suppressed:
+            self.chunk_live = _ignore_gap
+            return counts
+        self.chunk_labels = self.kind.chunk_labels(self.response_model)
+        try:
+            recorder = _telemetry.recorder()
+            self.chunk_live = recorder.chunk_recorder(
+                self.chunk_labels, recorder.sample(self.span, self.wall_ns(self.last_chunk_ns))
+            )
+        except Exception as failure:
+            report("call.chunk_metric", failure)
+            self.chunk_live = _ignore_gap
+        return counts
 
     def set_usage(self, input_tokens: Any, output_tokens: Any, cache_read_tokens: Any = None) -> None:
         """Record token counts the server reported; anything that is not a count is ignored."""
@@ -220,6 +262,7 @@ class CallRecord:
     def set_response(
         self, response_id: Any = None, model: Any = None, finish_reasons: Sequence[Any] = ()
     ) -> None:
+        """What a whole response says: its id, model, and the finish reason of every choice."""
         if isinstance(response_id, str) and response_id:
             self.response_id = response_id
         if isinstance(model, str) and model:
@@ -228,18 +271,33 @@ class CallRecord:
         if reasons:
             self.finish_reasons = reasons
 
+    def choice_finished(self, index: Any, reason: Any) -> None:
+        """One streamed choice's finish reason (choices finish in separate chunks when n > 1)."""
+        if not reason:
+            return
+        choices = self._choices
+        if choices is None:
+            choices = self._choices = {}
+        choices[index if isinstance(index, int) else len(choices)] = str(reason)
+        self.finish_reasons = tuple(choices[key] for key in sorted(choices))
+
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
-        self.span.set_attributes(attributes)
+        if self.recording:
+            self.span.set_attributes(attributes)
 
     # --- finish -----------------------------------------------------------------------------
 
-    def buckets_ns(self, released_ns: int) -> dict[str, int]:
+    def buckets_ns(self, released_ns: int, outcome: str = names.OUTCOME_COMPLETED) -> dict[str, int]:
         """The six buckets in nanoseconds; they add up to `released_ns - queued_ns` exactly.
 
         The client's own time between admission and the first attempt (building the
         request) is not a retry: it counts in `first_token`, with the rest of the wait
         for the answer, so `retry` is exactly failed attempts plus back-off and `connect`
-        is exactly zero on a reused connection.
+        is exactly zero on a reused connection. Time the client spends waiting on the server
+        is never `post`: a stream that ended in an error or a cancellation while it waited for
+        the next chunk (a read timeout, a dropped connection) counts that wait in `stream`, or
+        in `first_token` before any chunk came; a non-streamed body not read to its end counts
+        in `first_token` up to the failure.
         """
         queued = self.queued_ns
         admitted = self.admitted_ns if self.admitted_ns is not None else queued
@@ -252,8 +310,8 @@ class CallRecord:
             body_done = None
         if self.stream:
             first = self.first_chunk_ns or released_ns
-            last = self.last_chunk_ns or first
-        else:
+            last = released_ns if outcome in _SERVER_ENDED else (self.last_chunk_ns or first)
+        else:  # the body read to its end is the server's last byte; until then the client waited on it
             first = last = body_done if body_done is not None else released_ns
         points = [queued]
         for instant in (admitted, first_start, final_start, connected, first, last, released_ns):
@@ -269,8 +327,15 @@ class CallRecord:
         }
 
     def finish(self, outcome: str, error: BaseException | None = None, now_ns: int | None = None) -> None:
-        """End the call exactly once, on whichever path gets here first."""
+        """End the call exactly once, on whichever path gets here first.
+
+        Inside a garbage collection (a library's finalizer closing the response, say) it only
+        hands the end to the worker: no OpenTelemetry call runs in a finalizer (see `_deferred`).
+        """
         if self.finished:
+            return
+        if _deferred.collecting():
+            _deferred.defer(self.finish, outcome, error, now_ns or time.perf_counter_ns())
             return
         with self._finish_lock:
             if self.finished:
@@ -299,39 +364,63 @@ class CallRecord:
             self.on_release()
 
     def _write(self, outcome: str, error: BaseException | None, released: int) -> None:
+        attempts = self.attempts
+        final_status = attempts[-1].status if attempts else None
+        if error is not None:
+            self.error_type = type(error).__qualname__
+        elif final_status is not None and final_status >= 400:
+            self.error_type = str(final_status)  # the last attempt failed, so did the call
+        elif outcome == names.OUTCOME_ERROR:
+            self.error_type = "error"
+        buckets = self.buckets_ns(released, outcome)
+        duration_ns = released - self.queued_ns
+        exceeded = _budget.record_on_span(self.span, self.budget, duration_ns)
+        if self.recording:
+            self._write_span(outcome, buckets, final_status)
+        self._record_metrics(buckets, duration_ns, exceeded)
+        if self.turn is not None:
+            self.turn.add(names.STAGE_LLM, duration_ns)
+
+    def _write_span(self, outcome: str, buckets: Mapping[str, int], final_status: int | None) -> None:
+        """The call span's attributes and events; only for a span that records (docs/telemetry.md lists
+        which attributes are left out when they carry nothing)."""
         span = self.span
-        buckets = self.buckets_ns(released)
-        duration = (released - self.queued_ns) * _NS
         attributes: dict[str, AttributeValue] = {
-            attribute: buckets[bucket] * _NS
+            attribute: seconds(buckets[bucket])
             for attribute, bucket in zip(names.BUCKET_ATTRIBUTES, names.BUCKETS, strict=True)
         }
-        failed = self.attempts[:-1]
-        attributes[names.RETRY_COUNT] = len(failed)
-        if failed:
+        attempts = self.attempts
+        if len(attempts) > 1:
+            failed = attempts[:-1]
+            attributes[names.RETRY_COUNT] = len(failed)
             attributes[names.RETRY_CAUSES] = [attempt.cause or "unknown" for attempt in failed]
-            attributes[names.RETRY_WASTED_OUTPUT_TOKENS] = self.wasted_output_tokens
-        if self.attempts:
-            attributes[names.CONNECT_NEW] = sum(1 for attempt in self.attempts if attempt.new_connection)
-            attributes[names.CONNECT_REUSED] = not self.attempts[-1].new_connection
+            if self.wasted_output_tokens:
+                attributes[names.RETRY_WASTED_OUTPUT_TOKENS] = self.wasted_output_tokens
+        if attempts:
+            opened = sum(1 for attempt in attempts if attempt.new_connection)
+            if opened:
+                attributes[names.CONNECT_NEW] = opened
+            attributes[names.CONNECT_REUSED] = not attempts[-1].new_connection
+        if final_status is not None:
+            attributes[names.HTTP_RESPONSE_STATUS_CODE] = final_status
         if self.stream:
             attributes[names.STREAM_CHUNKS] = self.chunks
             attributes[names.STREAM_OUTCOME] = outcome
             if self.first_chunk_ns:
-                attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = (
-                    self.first_chunk_ns - self.queued_ns
-                ) * _NS
+                attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = seconds(
+                    self.first_chunk_ns - (self.admitted_ns or self.queued_ns)
+                )
                 span.add_event(names.EVENT_FIRST_TOKEN, timestamp=self.wall_ns(self.first_chunk_ns))
                 span.add_event(names.EVENT_LAST_TOKEN, timestamp=self.wall_ns(self.last_chunk_ns))
             gaps = self.gaps
             if gaps is not None and gaps.count:
-                attributes[names.ITL_P50] = gaps.quantile_ns(0.5) * _NS
-                attributes[names.ITL_P95] = gaps.quantile_ns(0.95) * _NS
-                attributes[names.ITL_MAX] = gaps.max_ns * _NS
-            stream_s = buckets["stream"] * _NS
-            if self.output_tokens is not None and self.output_tokens > 1 and stream_s > 0:
+                attributes[names.ITL_P50] = seconds(gaps.quantile_ns(0.5))
+                attributes[names.ITL_P95] = seconds(gaps.quantile_ns(0.95))
+                attributes[names.ITL_MAX] = seconds(gaps.max_ns)
+            stream_ns = buckets["stream"]
+            if self.output_tokens is not None and self.output_tokens > 1 and stream_ns > 0:
                 # The first token's time is in first_token; the stream bucket holds the rest.
-                attributes[names.OUTPUT_TOKENS_PER_SECOND] = (self.output_tokens - 1) / stream_s
+                attributes[names.OUTPUT_TOKENS_PER_SECOND] = (self.output_tokens - 1) / seconds(stream_ns)
         if self.response_id:
             attributes[names.GEN_AI_RESPONSE_ID] = self.response_id
         if self.response_model:
@@ -344,52 +433,56 @@ class CallRecord:
             attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] = self.output_tokens
         if self.cache_read_tokens is not None:
             attributes[names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = self.cache_read_tokens
-
-        final_status = self.attempts[-1].status if self.attempts else None
-        if error is not None:
-            self.error_type = type(error).__qualname__
-        elif final_status is not None and final_status >= 400:
-            self.error_type = str(final_status)  # the last attempt failed, so did the call
-        elif outcome == names.OUTCOME_ERROR:
-            self.error_type = "error"
         if self.error_type:
             attributes[names.ERROR_TYPE] = self.error_type
             span.set_status(Status(StatusCode.ERROR, self.error_type))
         span.set_attributes(attributes)
 
-        instruments = _telemetry.instruments()
-        _budget.record_on_span(span, names.STAGE_LLM, self.budget, duration, instruments.budget_exceeded)
-        self._record_metrics(instruments, buckets, duration)
-        if self.turn is not None:
-            self.turn.add(names.STAGE_LLM, released - self.queued_ns)
-
-    def _record_metrics(self, instruments: Any, buckets: Mapping[str, int], duration: float) -> None:
+    def _record_metrics(self, buckets: Mapping[str, int], duration_ns: int, exceeded: bool) -> None:
         kind = self.kind
-        common, input_tokens, output_tokens = kind.result_attributes(self.response_model, self.error_type)
-        instruments.operation_duration.record(duration, common)
-        instruments.stage_duration.record(duration, _LLM_STAGE_ATTRIBUTES)
-        record_bucket = instruments.bucket_duration.record
-        for bucket, attributes in kind.bucket_attributes:
-            record_bucket(buckets[bucket] * _NS, attributes)
+        common, input_labels, output_labels = kind.result_labels(self.response_model, self.error_type)
+        duration = seconds(duration_ns)
+        records: list[metric.Record] = [
+            (metric.OPERATION_DURATION, duration, common),
+            (metric.STAGE_DURATION, duration, _LLM_STAGE),
+        ]
+        records.extend(
+            (metric.BUCKET_DURATION, seconds(buckets[bucket]), labels)
+            for bucket, labels in kind.bucket_labels
+        )
         if self.input_tokens is not None:
-            instruments.token_usage.record(self.input_tokens, input_tokens)
+            records.append((metric.TOKEN_USAGE, self.input_tokens, input_labels))
         if self.output_tokens is not None:
-            instruments.token_usage.record(self.output_tokens, output_tokens)
+            records.append((metric.TOKEN_USAGE, self.output_tokens, output_labels))
         if self.stream and self.first_chunk_ns:
-            instruments.time_to_first_chunk.record((self.first_chunk_ns - self.queued_ns) * _NS, common)
-            if self.chunks > 1:
-                mean_gap = (self.last_chunk_ns - self.first_chunk_ns) * _NS / (self.chunks - 1)
-                instruments.time_per_output_chunk.record(mean_gap, common)
+            # From issuing the request, as the conventions say: the limiter's wait is the queue bucket's.
+            issued = self.admitted_ns if self.admitted_ns is not None else self.queued_ns
+            records.append((metric.TIME_TO_FIRST_CHUNK, seconds(self.first_chunk_ns - issued), common))
         for attempt in self.attempts[:-1]:
-            instruments.retry_attempts.add(
-                1, {**kind.metric_attributes, names.METRIC_ATTR_RETRY_CAUSE: attempt.cause or "unknown"}
-            )
+            records.append((metric.RETRY_ATTEMPTS, 1, kind.retry_labels(attempt.cause or "unknown")))
         opened = sum(1 for attempt in self.attempts if attempt.new_connection)
         if opened:
-            instruments.connect_new.add(opened, kind.metric_attributes)
+            records.append((metric.CONNECT_NEW, opened, kind.metric_labels))
+        if exceeded:
+            records.append((metric.BUDGET_EXCEEDED, 1, _LLM_STAGE))
+        recorder = _telemetry.recorder()
+        sample = recorder.sample(self.span, self.wall_ns(self.released_ns or self.queued_ns))
+        recorder.add(records, sample)
+        counts = self.chunk_counts
+        if counts is not None and self.chunk_live is None and self.chunk_labels is not None:
+            lasts = self.chunk_lasts or ()
+            recorder.add_distribution(
+                metric.TIME_PER_OUTPUT_CHUNK, self.chunk_labels, counts,
+                seconds(self.last_chunk_ns - self.first_chunk_ns), seconds(self.gap_min), seconds(self.gap_max),
+                [seconds(value) for value in lasts], sample,
+            )  # fmt: skip
 
 
-_LLM_STAGE_ATTRIBUTES: Mapping[str, AttributeValue] = MappingProxyType({names.STAGE: names.STAGE_LLM})
+def _ignore_gap(_gap_ns: int) -> None:
+    """Where a suppressed call's, or a failed recorder's, gaps go."""
+
+
+_LLM_STAGE = metric.Labels({names.STAGE: names.STAGE_LLM})
 _KEPT = 256  # distinct call kinds (and result variants of one kind) cached at once
 
 
@@ -402,10 +495,13 @@ class _CallKind:
     """
 
     __slots__ = (
+        "_chunks",
         "_lanes",
         "_results",
-        "bucket_attributes",
-        "metric_attributes",
+        "_retries",
+        "bucket_labels",
+        "metric_labels",
+        "provider",
         "span_attributes",
         "span_name",
     )
@@ -415,42 +511,62 @@ class _CallKind:
         metric_attributes: Mapping[str, AttributeValue],
     ) -> None:  # fmt: skip
         self.span_name = span_name
-        self.span_attributes = MappingProxyType(dict(span_attributes))
-        self.metric_attributes = MappingProxyType(dict(metric_attributes))
-        self.bucket_attributes = tuple(
-            (bucket, MappingProxyType({**metric_attributes, names.METRIC_ATTR_BUCKET: bucket}))
+        self.span_attributes: Mapping[str, AttributeValue] = MappingProxyType(dict(span_attributes))
+        self.provider = span_attributes.get(names.GEN_AI_PROVIDER_NAME)
+        self.metric_labels = metric.Labels(metric_attributes)
+        self.bucket_labels = tuple(
+            (bucket, metric.Labels({**metric_attributes, names.METRIC_ATTR_BUCKET: bucket}))
             for bucket in names.BUCKETS
         )
-        self._results: dict[tuple[str | None, str | None], tuple[Mapping[str, AttributeValue], ...]] = {}
+        self._results: dict[tuple[str | None, str | None], tuple[metric.Labels, ...]] = {}
+        self._chunks: dict[str | None, metric.Labels] = {}
+        self._retries: dict[str, metric.Labels] = {}
         self._lanes: dict[str, _CallKind] = {}
 
-    def result_attributes(
-        self, response_model: str | None, error_type: str | None
-    ) -> tuple[Mapping[str, AttributeValue], ...]:
+    def result_labels(self, response_model: str | None, error_type: str | None) -> tuple[metric.Labels, ...]:
         """The attribute sets of the duration and token metrics: common, input tokens, output tokens."""
         key = (response_model, error_type)
         found = self._results.get(key)
         if found is None:
-            common = dict(self.metric_attributes)
+            common = dict(self.metric_labels.attributes)
             if response_model:
                 common[names.GEN_AI_RESPONSE_MODEL] = response_model
             if error_type:
                 common[names.ERROR_TYPE] = error_type
             found = (
-                MappingProxyType(common),
-                MappingProxyType({**common, names.GEN_AI_TOKEN_TYPE: names.TOKEN_TYPE_INPUT}),
-                MappingProxyType({**common, names.GEN_AI_TOKEN_TYPE: names.TOKEN_TYPE_OUTPUT}),
+                metric.Labels(common),
+                metric.Labels({**common, names.GEN_AI_TOKEN_TYPE: names.TOKEN_TYPE_INPUT}),
+                metric.Labels({**common, names.GEN_AI_TOKEN_TYPE: names.TOKEN_TYPE_OUTPUT}),
             )
             if len(self._results) >= _KEPT:
                 self._results.clear()
             self._results[key] = found
         return found
 
+    def chunk_labels(self, response_model: str | None) -> metric.Labels:
+        """The per-chunk histogram's attributes: measured while the stream runs, so never an error type."""
+        found = self._chunks.get(response_model)
+        if found is None:
+            found = self.result_labels(response_model, None)[0]
+            if len(self._chunks) >= _KEPT:
+                self._chunks.clear()
+            self._chunks[response_model] = found
+        return found
+
+    def retry_labels(self, cause: str) -> metric.Labels:
+        found = self._retries.get(cause)
+        if found is None:
+            found = metric.Labels({**self.metric_labels.attributes, names.METRIC_ATTR_RETRY_CAUSE: cause})
+            if len(self._retries) >= _KEPT:
+                self._retries.clear()
+            self._retries[cause] = found
+        return found
+
     def in_lane(self, lane: str) -> _CallKind:
         """The same kind admitted by the limiter `lane`: its metrics carry the lane's name."""
         found = self._lanes.get(lane)
         if found is None:
-            metric_attributes = {**self.metric_attributes, names.LIMITER_NAME: lane}
+            metric_attributes = {**self.metric_labels.attributes, names.LIMITER_NAME: lane}
             found = _CallKind(self.span_name, self.span_attributes, metric_attributes)
             if len(self._lanes) >= _KEPT:
                 self._lanes.clear()
@@ -465,9 +581,10 @@ def _new_kind(
     span_attributes: dict[str, AttributeValue] = {
         names.GEN_AI_OPERATION_NAME: operation,
         names.GEN_AI_PROVIDER_NAME: provider,
-        names.GEN_AI_REQUEST_STREAM: stream,
         names.STAGE: names.STAGE_LLM,
     }
+    if stream:  # set only on streaming requests, as the conventions say
+        span_attributes[names.GEN_AI_REQUEST_STREAM] = True
     metric_attributes: dict[str, AttributeValue] = {
         names.GEN_AI_OPERATION_NAME: operation,
         names.GEN_AI_PROVIDER_NAME: provider,

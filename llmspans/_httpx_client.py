@@ -86,8 +86,10 @@ class _StreamObserver(_BodyReader):
             record.content_chunk(self._now, tokens)
             if self.output is not None and info.content_text:
                 self.output.append(info.content_text)
-        if record.response_id is None or info.finish_reasons:
-            record.set_response(info.response_id, info.model, info.finish_reasons)
+        if record.response_id is None:
+            record.set_response(info.response_id, info.model)
+        for index, reason in zip(info.finish_indexes, info.finish_reasons, strict=True):
+            record.choice_finished(index, reason)
         if info.input_tokens is not None or info.output_tokens is not None:
             record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
 
@@ -179,7 +181,7 @@ class PlainClientCalls:
         stream = body.get("stream") is True
         url = request.url
         record = self.settings.new_record(operation, body, stream, url)
-        capture = _content.resolve(self.settings.capture_content)
+        capture = _content.resolve(self.settings.capture_content) if record.recording else False
         if capture:
             with swallow("httpx.content"):  # a redaction hook that raises must not leave the span open
                 write_content(record, capture, names.GEN_AI_INPUT_MESSAGES, input_messages(body))

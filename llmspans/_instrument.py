@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from llmspans import _budget, _content, _transport
 from llmspans._limiter import Limiter
-from llmspans._openai import _MARK, OpenAIInstrumentation, Settings
+from llmspans._openai import _MARK, OpenAIInstrumentation, Settings, check_attempt_spans
 
 if TYPE_CHECKING:
     from llmspans.vllm import ServerMetrics
@@ -38,12 +38,15 @@ def instrument(
     capture_content: Any = None,
     request_usage: bool = False,
     server_metrics: bool | ServerMetrics = False,
+    attempt_spans: str | None = None,
 ) -> C:
     """Instrument an LLM client in place and return it: `client = llmspans.instrument(OpenAI())`.
 
     `server_metrics=True` (with a vLLM server) samples the server's Prometheus `/metrics` in the
     background and stamps its queue, batch and KV-cache state on each call span at admission;
     pass an `llmspans.vllm.ServerMetrics` to share one sampler between clients.
+    `attempt_spans="always"` gives every HTTP attempt a span; by default ("retries", or what
+    `configure(attempt_spans=...)` chose) only the attempts of a call that retried get one.
     """
     kind = _kind(client)
     if kind is None:
@@ -60,6 +63,7 @@ def instrument(
         raise TypeError(
             f"server_metrics must be True, False or an llmspans.vllm.ServerMetrics, got {server_metrics!r}"
         )
+    attempt_spans = check_attempt_spans(attempt_spans)
     budget_seconds = None if budget is None else _budget.parse_seconds(budget, what="budget for the LLM call")
     capture = _content.check(capture_content)
     if _instrumented(client, kind):
@@ -79,6 +83,7 @@ def instrument(
         limiter=limiter,
         server_metrics=sampler,
         owns_server_metrics=server_metrics is True,
+        attempt_spans=attempt_spans,
     )
     if kind == "openai":
         OpenAIInstrumentation(client, settings).install()

@@ -63,8 +63,8 @@ from typing import NamedTuple, TypeVar
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
+from llmspans import _deferred, _suppress
 from llmspans import _names as names
-from llmspans import _suppress
 from llmspans._gaps import GapSketch
 from llmspans._guard import guarded
 
@@ -211,9 +211,10 @@ class Admission:
 
     def __del__(self) -> None:
         if not getattr(self, "_released", True):
-            # At interpreter shutdown there may be nothing left to give the slot to.
+            # A finalizer takes no lock (see `_deferred`): the worker gives the slot back. At
+            # interpreter shutdown there may be nothing left to give the slot to.
             with contextlib.suppress(Exception):
-                self._limiter._release(self)
+                _deferred.defer(self._limiter._release, self)
 
     def __repr__(self) -> str:
         state = "released" if self._released else "held"
@@ -311,6 +312,7 @@ class Limiter:
         self._name = name
         self._cap = _check_cap(cap)
         self._timeout = _check_timeout(timeout, f"timeout of limiter {name!r}")
+        _deferred.start_worker()  # an Admission's `__del__` hands its release to it
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread inside `_locked`, to defer re-entrant releases
         self._deferred: collections.deque[Admission] = collections.deque()
@@ -556,6 +558,9 @@ class Limiter:
         waiter.state = _GONE
 
     def _release(self, admission: Admission) -> None:
+        if _deferred.collecting():  # a finalizer takes no lock of ours (see `_deferred`)
+            _deferred.defer(self._release, admission)
+            return
         if self._owner == threading.get_ident():  # re-entered from a finaliser inside `_locked`
             self._deferred.append(admission)
             return

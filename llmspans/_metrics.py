@@ -1,14 +1,205 @@
-"""The OpenTelemetry instruments llmspans records into (DESIGN §3)."""
+"""The metrics llmspans emits (DESIGN §3), and the two ways they are recorded.
+
+Every histogram and counter is described once here (`InstrumentSpec`). The call record, stages
+and turns hand their values to a `Recorder`, a call's dozen values in one `add`:
+
+- `_aggregation.Aggregation`, when `configure()` built the metrics pipeline: llmspans aggregates
+  them itself, at about a microsecond a value;
+- `SdkRecorder`, on a MeterProvider the application set up itself (or a test's): the values go
+  through the SDK's instruments, with the call's own span as the exemplars' context.
+
+Both export the same names, attributes, boundaries, counts, sums and exemplars. The gauges (budgets,
+limiters, vLLM) are the SDK's observable gauges on either path: `register_gauges`.
+
+Attribute sets are built once per kind of call or stage (`Labels`) and reused: recording does no
+dictionary building.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Protocol
 
-from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Observation
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.util.types import AttributeValue
 
 from llmspans import _budget, _limiter
 from llmspans import _names as names
+
+HISTOGRAM = "histogram"
+COUNTER = "counter"
+
+
+@dataclass(frozen=True)
+class InstrumentSpec:
+    """One histogram or counter: its name, unit and boundaries, and its place in `INSTRUMENTS`."""
+
+    index: int
+    name: str
+    unit: str
+    description: str
+    kind: str
+    boundaries: tuple[float, ...] = ()
+    integer: bool = False  # token counts and counters are whole numbers
+
+
+OPERATION_DURATION = InstrumentSpec(
+    0, names.METRIC_OPERATION_DURATION, "s", "GenAI operation duration.", HISTOGRAM, names.DURATION_BOUNDARIES
+)
+TOKEN_USAGE = InstrumentSpec(
+    1, names.METRIC_TOKEN_USAGE, "{token}", "Number of input and output tokens used.", HISTOGRAM,
+    names.TOKEN_BOUNDARIES, integer=True,
+)  # fmt: skip
+TIME_TO_FIRST_CHUNK = InstrumentSpec(
+    2, names.METRIC_TIME_TO_FIRST_CHUNK, "s",
+    "Time from issuing the request (after any limiter) to the first content chunk of a streamed response.",
+    HISTOGRAM, names.DURATION_BOUNDARIES,
+)  # fmt: skip
+TIME_PER_OUTPUT_CHUNK = InstrumentSpec(
+    3, names.METRIC_TIME_PER_OUTPUT_CHUNK, "s",
+    "Time between consecutive content chunks of a streamed response, one measurement per chunk after the first.",
+    HISTOGRAM, names.DURATION_BOUNDARIES,
+)  # fmt: skip
+BUCKET_DURATION = InstrumentSpec(
+    4, names.METRIC_BUCKET_DURATION, "s", "Time an LLM call spent in each bucket.", HISTOGRAM,
+    names.DURATION_BOUNDARIES,
+)  # fmt: skip
+STAGE_DURATION = InstrumentSpec(
+    5, names.METRIC_STAGE_DURATION, "s", "Duration of each stage, LLM call and turn.", HISTOGRAM,
+    names.DURATION_BOUNDARIES,
+)  # fmt: skip
+BUDGET_EXCEEDED = InstrumentSpec(
+    6, names.METRIC_BUDGET_EXCEEDED, "{span}", "Spans that overran their budget.", COUNTER, integer=True
+)
+RETRY_ATTEMPTS = InstrumentSpec(
+    7, names.METRIC_RETRY_ATTEMPTS, "{attempt}", "Failed attempts that were retried.", COUNTER, integer=True
+)
+CONNECT_NEW = InstrumentSpec(
+    8, names.METRIC_CONNECT_NEW, "{connection}", "Connections opened by LLM calls.", COUNTER, integer=True
+)
+INSTRUMENTS: tuple[InstrumentSpec, ...] = (
+    OPERATION_DURATION, TOKEN_USAGE, TIME_TO_FIRST_CHUNK, TIME_PER_OUTPUT_CHUNK, BUCKET_DURATION,
+    STAGE_DURATION, BUDGET_EXCEEDED, RETRY_ATTEMPTS, CONNECT_NEW,
+)  # fmt: skip
+# The per-chunk gaps are counted on these boundaries in nanoseconds while the stream runs.
+CHUNK_BOUNDARIES_NS: tuple[int, ...] = tuple(round(bound * 1e9) for bound in TIME_PER_OUTPUT_CHUNK.boundaries)
+
+
+class Labels:
+    """One attribute set, built once and shared: the attributes, and a key our aggregation finds it by.
+
+    The key is a string, so its hash is computed once; the attributes are read-only.
+    """
+
+    __slots__ = ("attributes", "key")
+
+    def __init__(self, attributes: Mapping[str, AttributeValue]) -> None:
+        self.attributes: Mapping[str, AttributeValue] = MappingProxyType(dict(attributes))
+        self.key = "\x1f".join(f"{key}={value!r}" for key, value in sorted(attributes.items()))
+
+    def __repr__(self) -> str:
+        return f"Labels({dict(self.attributes)!r})"
+
+
+class Sample:
+    """Where the exemplars of one call, stage or turn come from: its span, at the moment it ended."""
+
+    __slots__ = ("_context", "span", "span_id", "time_ns", "trace_id")
+
+    def __init__(self, span: trace.Span, span_id: int, trace_id: int, time_ns: int) -> None:
+        self.span = span
+        self.span_id = span_id
+        self.trace_id = trace_id
+        self.time_ns = time_ns
+        self._context: otel_context.Context | None = None
+
+    @property
+    def context(self) -> otel_context.Context:
+        """A context holding the span: what the SDK's instruments take their exemplar from."""
+        if self._context is None:
+            self._context = trace.set_span_in_context(self.span, otel_context.Context())
+        return self._context
+
+
+Record = tuple[InstrumentSpec, float, Labels]
+
+
+class Recorder(Protocol):
+    """Where llmspans' histogram and counter values go (`_telemetry.recorder()` says which)."""
+
+    def sample(self, span: trace.Span, time_ns: int) -> Sample | None:
+        """The exemplar source for values recorded for `span`, or None when none may be taken."""
+
+    def add(self, records: Sequence[Record], sample: Sample | None) -> None:
+        """Record a call's, stage's or turn's values together."""
+
+    def chunk_recorder(self, labels: Labels, sample: Sample | None) -> Callable[[int], None] | None:
+        """A per-chunk recorder of gaps (ns) for `time_per_output_chunk`; None: the stream counts them
+        itself and hands them over at its end with `add_distribution`."""
+
+    def add_distribution(
+        self, spec: InstrumentSpec, labels: Labels, counts: Sequence[int], total: float, low: float, high: float,
+        lasts: Sequence[float], sample: Sample | None,
+    ) -> None:  # fmt: skip
+        """Merge measurements already counted on `spec`'s boundaries (a stream's gaps)."""
+
+
+_EMPTY_CONTEXT = otel_context.Context()
+
+
+class SdkRecorder:
+    """Records through the SDK instruments of a meter: the application's own MeterProvider path."""
+
+    def __init__(self, meter: metrics.Meter) -> None:
+        self._instruments: list[Any] = []
+        for spec in INSTRUMENTS:
+            if spec.kind == COUNTER:
+                instrument: Any = meter.create_counter(
+                    spec.name, unit=spec.unit, description=spec.description
+                )
+            else:
+                instrument = meter.create_histogram(
+                    spec.name, unit=spec.unit, description=spec.description,
+                    explicit_bucket_boundaries_advisory=spec.boundaries,
+                )  # fmt: skip
+            self._instruments.append(instrument.add if spec.kind == COUNTER else instrument.record)
+        register_gauges(meter)
+
+    def sample(self, span: trace.Span, time_ns: int) -> Sample | None:
+        span_context = span.get_span_context()
+        if not span_context.is_valid:
+            return None
+        return Sample(span, span_context.span_id, span_context.trace_id, time_ns)  # the SDK's filter decides
+
+    def add(self, records: Sequence[Record], sample: Sample | None) -> None:
+        context = sample.context if sample is not None else _EMPTY_CONTEXT
+        instruments = self._instruments
+        for spec, value, labels in records:
+            instruments[spec.index](value, labels.attributes, context=context)
+
+    def chunk_recorder(self, labels: Labels, sample: Sample | None) -> Callable[[int], None] | None:
+        record = self._instruments[TIME_PER_OUTPUT_CHUNK.index]
+        attributes = labels.attributes
+        context = sample.context if sample is not None else _EMPTY_CONTEXT
+
+        def gap(gap_ns: int) -> None:
+            record(gap_ns / 1e9, attributes, context=context)
+
+        return gap
+
+    def add_distribution(
+        self, spec: InstrumentSpec, labels: Labels, counts: Sequence[int], total: float, low: float, high: float,
+        lasts: Sequence[float], sample: Sample | None,
+    ) -> None:  # fmt: skip
+        raise TypeError("the SDK path records each chunk as it comes (chunk_recorder)")
+
+
+# --- gauges ------------------------------------------------------------------------------------
 
 
 def _observe_budgets(_options: CallbackOptions) -> Iterable[Observation]:
@@ -32,8 +223,11 @@ def _vllm_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]
     """A gauge callback reading one field of every running vLLM sampler's latest good sample."""
 
     def observe(_options: CallbackOptions) -> Iterable[Observation]:
-        from llmspans import vllm
-
+        # The metric reader's thread runs this: look the module up, never import it (no sampler
+        # can be running before something imported it).
+        vllm = sys.modules.get("llmspans.vllm")
+        if vllm is None:
+            return []
         readings = vllm._fresh_readings()
         return [Observation(value, attributes) for sample, attributes in readings
                 if (value := getattr(sample, field)) is not None]  # fmt: skip
@@ -41,71 +235,56 @@ def _vllm_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]
     return observe
 
 
-class Instruments:
-    """Every instrument the package records into; one instance per process."""
-
-    def __init__(self, meter: metrics.Meter) -> None:
-        self.operation_duration: Histogram = meter.create_histogram(
-            names.METRIC_OPERATION_DURATION, unit="s", description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=names.DURATION_BOUNDARIES,
-        )  # fmt: skip
-        self.token_usage: Histogram = meter.create_histogram(
-            names.METRIC_TOKEN_USAGE, unit="{token}", description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=names.TOKEN_BOUNDARIES,
-        )  # fmt: skip
-        self.time_to_first_chunk: Histogram = meter.create_histogram(
-            names.METRIC_TIME_TO_FIRST_CHUNK, unit="s",
-            description="Time from the call to the first content chunk of a streamed response.",
-            explicit_bucket_boundaries_advisory=names.DURATION_BOUNDARIES,
-        )  # fmt: skip
-        self.time_per_output_chunk: Histogram = meter.create_histogram(
-            names.METRIC_TIME_PER_OUTPUT_CHUNK, unit="s",
-            description="Mean time between content chunks of one streamed response.",
-            explicit_bucket_boundaries_advisory=names.CHUNK_BOUNDARIES,
-        )  # fmt: skip
-        self.bucket_duration: Histogram = meter.create_histogram(
-            names.METRIC_BUCKET_DURATION, unit="s", description="Time an LLM call spent in each bucket.",
-            explicit_bucket_boundaries_advisory=names.DURATION_BOUNDARIES,
-        )  # fmt: skip
-        self.stage_duration: Histogram = meter.create_histogram(
-            names.METRIC_STAGE_DURATION, unit="s", description="Duration of each stage, LLM call and turn.",
-            explicit_bucket_boundaries_advisory=names.DURATION_BOUNDARIES,
-        )  # fmt: skip
-        self.budget_exceeded: Counter = meter.create_counter(
-            names.METRIC_BUDGET_EXCEEDED, unit="{span}", description="Spans that overran their budget."
-        )
-        self.retry_attempts: Counter = meter.create_counter(
-            names.METRIC_RETRY_ATTEMPTS, unit="{attempt}", description="Failed attempts that were retried."
-        )
-        self.connect_new: Counter = meter.create_counter(
-            names.METRIC_CONNECT_NEW, unit="{connection}", description="Connections opened by LLM calls."
-        )
-        meter.create_observable_gauge(
-            names.METRIC_STAGE_BUDGET, callbacks=[_observe_budgets], unit="s",
-            description="The configured budget per stage, so dashboards can draw the line.",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            names.METRIC_LIMITER_IN_FLIGHT, callbacks=[_limiter_gauge("in_flight")], unit="{call}",
-            description="Calls admitted and running per limiter (lane).",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            names.METRIC_LIMITER_QUEUE_DEPTH, callbacks=[_limiter_gauge("queue_depth")], unit="{call}",
-            description="Calls waiting for admission per limiter (lane).",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            names.METRIC_LIMITER_CAP, callbacks=[_limiter_gauge("cap")], unit="{call}",
-            description="The configured concurrency cap per limiter (lane).",
-        )  # fmt: skip
-        # vLLM server state, from every running llmspans.vllm.ServerMetrics sampler.
-        meter.create_observable_gauge(
-            names.METRIC_VLLM_NUM_REQUESTS_WAITING, callbacks=[_vllm_gauge("num_requests_waiting")], unit="{request}",
-            description="Requests waiting in the vLLM server's queue, as last sampled from its /metrics.",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            names.METRIC_VLLM_NUM_REQUESTS_RUNNING, callbacks=[_vllm_gauge("num_requests_running")], unit="{request}",
-            description="Requests in the vLLM server's running batch, as last sampled from its /metrics.",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            names.METRIC_VLLM_KV_CACHE_USAGE, callbacks=[_vllm_gauge("kv_cache_usage")], unit="1",
-            description="The vLLM server's KV-cache usage (1 means full), as last sampled from its /metrics.",
-        )  # fmt: skip
+def register_gauges(meter: metrics.Meter) -> None:
+    """The observable gauges, read by the SDK at each collection (whichever path records the rest)."""
+    meter.create_observable_gauge(
+        names.METRIC_STAGE_BUDGET, callbacks=[_observe_budgets], unit="s",
+        description="The configured budget per stage, so dashboards can draw the line.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_LIMITER_IN_FLIGHT, callbacks=[_limiter_gauge("in_flight")], unit="{call}",
+        description="Calls admitted and running per limiter (lane).",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_LIMITER_QUEUE_DEPTH, callbacks=[_limiter_gauge("queue_depth")], unit="{call}",
+        description="Calls waiting for admission per limiter (lane).",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_LIMITER_CAP, callbacks=[_limiter_gauge("cap")], unit="{call}",
+        description="The configured concurrency cap per limiter (lane).",
+    )  # fmt: skip
+    # vLLM server state, from every running llmspans.vllm.ServerMetrics sampler.
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_NUM_REQUESTS_WAITING, callbacks=[_vllm_gauge("num_requests_waiting")], unit="{request}",
+        description="Requests waiting in the vLLM server's queue, as last sampled from its /metrics.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_NUM_REQUESTS_RUNNING, callbacks=[_vllm_gauge("num_requests_running")], unit="{request}",
+        description="Requests in the vLLM server's running batch, as last sampled from its /metrics.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_KV_CACHE_USAGE, callbacks=[_vllm_gauge("kv_cache_usage")], unit="1",
+        description="The vLLM server's KV-cache usage (1 means full), as last sampled from its /metrics.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_PREEMPTION_RATE, callbacks=[_vllm_gauge("preemption_rate")], unit="{preemption}/s",
+        description="Preemptions per second in the vLLM server between its last two samples.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_PREFIX_CACHE_HIT_RATIO, callbacks=[_vllm_gauge("prefix_cache_hit_ratio")], unit="1",
+        description="The share of prompt tokens vLLM found in its prefix cache between its last two samples.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY, unit="{request}",
+        callbacks=[_vllm_gauge("num_requests_waiting_for_capacity")],
+        description="Requests waiting in the vLLM server's queue for room in its batch or KV cache.",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_NUM_REQUESTS_WAITING_DEFERRED, unit="{request}",
+        callbacks=[_vllm_gauge("num_requests_waiting_deferred")],
+        description="Requests the vLLM server's scheduler deferred (a transient constraint, not capacity).",
+    )  # fmt: skip
+    meter.create_observable_gauge(
+        names.METRIC_VLLM_ADMISSION_REJECTION_RATE, callbacks=[_vllm_gauge("admission_rejection_rate")],
+        unit="{rejection}/s", description="Requests per second the vLLM server rejected at admission.",
+    )  # fmt: skip

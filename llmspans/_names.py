@@ -100,7 +100,6 @@ EVENT_LAST_TOKEN: Final = "llmspans.last_token"
 # The semantic conventions' exception event; llmspans writes its type, never its message.
 EVENT_EXCEPTION: Final = "exception"
 EXCEPTION_TYPE: Final = "exception.type"
-EXCEPTION_ESCAPED: Final = "exception.escaped"
 
 # --- metrics --------------------------------------------------------------------------------
 METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
@@ -117,6 +116,8 @@ METRIC_LIMITER_IN_FLIGHT: Final = "llmspans.limiter.in_flight"
 METRIC_LIMITER_QUEUE_DEPTH: Final = "llmspans.limiter.queue_depth"
 METRIC_LIMITER_CAP: Final = "llmspans.limiter.cap"
 
+# The SDK's attribute set for points beyond an instrument's cardinality limit (llmspans' own aggregation too).
+METRIC_OVERFLOW: Final = "otel.metric.overflow"
 METRIC_ATTR_BUCKET: Final = "llmspans.bucket"
 METRIC_ATTR_RETRY_CAUSE: Final = "llmspans.retry.cause"
 TOKEN_TYPE_INPUT: Final = "input"
@@ -143,23 +144,52 @@ PROVIDER_VLLM: Final = "vllm"
 GEN_AI_REQUEST_TOP_K: Final = "gen_ai.request.top_k"
 
 # Server state sampled from vLLM's /metrics (llmspans.vllm.ServerMetrics), stamped on call spans
-# at admission and exported as gauges of the same names.
+# at admission and exported as gauges of the same names; each only when the server exposes its source.
 VLLM_NUM_REQUESTS_WAITING: Final = "vllm.num_requests_waiting"
 VLLM_NUM_REQUESTS_RUNNING: Final = "vllm.num_requests_running"
 VLLM_KV_CACHE_USAGE: Final = "vllm.kv_cache_usage"
+VLLM_PREEMPTION_RATE: Final = "vllm.preemption_rate"  # per second, over the last sampling interval
+VLLM_PREFIX_CACHE_HIT_RATIO: Final = "vllm.prefix_cache_hit_ratio"  # over the last sampling interval
+VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY: Final = "vllm.num_requests_waiting_for_capacity"
+VLLM_NUM_REQUESTS_WAITING_DEFERRED: Final = "vllm.num_requests_waiting_deferred"
+VLLM_ADMISSION_REJECTION_RATE: Final = "vllm.admission_rejection_rate"  # per second, likewise
 VLLM_METRICS_AGE: Final = "vllm.metrics.age"
 METRIC_VLLM_NUM_REQUESTS_WAITING: Final = VLLM_NUM_REQUESTS_WAITING
 METRIC_VLLM_NUM_REQUESTS_RUNNING: Final = VLLM_NUM_REQUESTS_RUNNING
 METRIC_VLLM_KV_CACHE_USAGE: Final = VLLM_KV_CACHE_USAGE
+METRIC_VLLM_PREEMPTION_RATE: Final = VLLM_PREEMPTION_RATE
+METRIC_VLLM_PREFIX_CACHE_HIT_RATIO: Final = VLLM_PREFIX_CACHE_HIT_RATIO
+METRIC_VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY: Final = VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY
+METRIC_VLLM_NUM_REQUESTS_WAITING_DEFERRED: Final = VLLM_NUM_REQUESTS_WAITING_DEFERRED
+METRIC_VLLM_ADMISSION_REJECTION_RATE: Final = VLLM_ADMISSION_REJECTION_RATE
 
-# vLLM's own Prometheus names, as its /metrics serves them (label `model_name`, and `engine` in V1).
-PROMETHEUS_VLLM_NUM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
-PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"
-PROMETHEUS_VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
-PROMETHEUS_VLLM_GPU_CACHE_USAGE: Final = "vllm:gpu_cache_usage_perc"  # before vLLM 0.9 (then deprecated)
+# vLLM's own Prometheus names, as its /metrics serves them, with the releases that serve them
+# (labels `model_name`, and `engine` on the newer engine; "the older engine" is 0.8.5-0.10.x started
+# with --otlp-traces-endpoint). Counters are named without the `_total` their samples carry.
+PROMETHEUS_VLLM_NUM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"  # every release
+PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"  # every release
+PROMETHEUS_VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"  # 0.9.2 and later (newer engine)
+# Up to 0.10.x and on the older engine; hidden behind --show-hidden-metrics-for-version in 0.11; gone in 0.12.
+PROMETHEUS_VLLM_GPU_CACHE_USAGE: Final = "vllm:gpu_cache_usage_perc"
+PROMETHEUS_VLLM_NUM_PREEMPTIONS: Final = "vllm:num_preemptions"  # counter, 0.9.2 and later, older engine
+PROMETHEUS_VLLM_REQUEST_NUM_PREEMPTIONS: Final = "vllm:request_num_preemptions"  # per finished request, 0.33
+PROMETHEUS_VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries"  # counter (tokens), 0.9.2 and later
+PROMETHEUS_VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits"  # counter (tokens), 0.9.2 and later
+PROMETHEUS_VLLM_GPU_PREFIX_CACHE_QUERIES: Final = "vllm:gpu_prefix_cache_queries"  # their names before 0.9.2
+PROMETHEUS_VLLM_GPU_PREFIX_CACHE_HITS: Final = "vllm:gpu_prefix_cache_hits"
+PROMETHEUS_VLLM_PROMPT_TOKENS: Final = "vllm:prompt_tokens"  # counter, every release
+PROMETHEUS_VLLM_PROMPT_TOKENS_CACHED: Final = "vllm:prompt_tokens_cached"  # counter, 0.33
+PROMETHEUS_VLLM_NUM_REQUESTS_WAITING_BY_REASON: Final = "vllm:num_requests_waiting_by_reason"  # 0.33
+PROMETHEUS_VLLM_ADMISSION_REJECTIONS: Final = "vllm:admission_rejections"  # counter, 0.33
+PROMETHEUS_VLLM_REASON_CAPACITY: Final = "capacity"  # the `reason` label's values
+PROMETHEUS_VLLM_REASON_DEFERRED: Final = "deferred"
 
-# vLLM's server span (started with --otlp-traces-endpoint): one SERVER span per request, emitted when
-# the request finishes, start time backdated to arrival; the report splits first_token with these.
+# vLLM's server span (started with --otlp-traces-endpoint): one SERVER span per finished request,
+# start time backdated to arrival; the report splits first_token and stream with these. The newer
+# engine (0.11 and later) has prefill, decode and inference and counts time_in_queue from when the
+# engine queued the request; the older one (0.8.5-0.10.x with tracing) has none of the three, counts
+# time_in_queue from the arrival, and adds time_in_scheduler (and, with --collect-detailed-traces,
+# time_in_model_forward and time_in_model_execute).
 VLLM_SERVER_SPAN: Final = "llm_request"
 GEN_AI_LATENCY_TIME_IN_QUEUE: Final = "gen_ai.latency.time_in_queue"
 GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: Final = "gen_ai.latency.time_to_first_token"
@@ -167,6 +197,9 @@ GEN_AI_LATENCY_E2E: Final = "gen_ai.latency.e2e"
 GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
 GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
 GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
+GEN_AI_LATENCY_TIME_IN_SCHEDULER: Final = "gen_ai.latency.time_in_scheduler"
+GEN_AI_LATENCY_TIME_IN_MODEL_FORWARD: Final = "gen_ai.latency.time_in_model_forward"
+GEN_AI_LATENCY_TIME_IN_MODEL_EXECUTE: Final = "gen_ai.latency.time_in_model_execute"
 GEN_AI_REQUEST_ID: Final = "gen_ai.request.id"
 GEN_AI_REQUEST_N: Final = "gen_ai.request.n"
 GEN_AI_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"

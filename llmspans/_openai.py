@@ -49,6 +49,28 @@ def operation_for(path: str) -> str | None:
     return None
 
 
+ATTEMPT_SPANS = ("retries", "always")
+
+
+def check_attempt_spans(value: object, what: str = "attempt_spans") -> str | None:
+    for choice in ATTEMPT_SPANS:
+        if value == choice:
+            return choice
+    if value is None:
+        return None
+    raise ValueError(
+        f"{what} must be 'retries' (a span per attempt once a call retries) or 'always', got {value!r}"
+    )
+
+
+_configured_attempt_spans = "retries"
+
+
+def set_configured_attempt_spans(value: str) -> None:
+    global _configured_attempt_spans
+    _configured_attempt_spans = value
+
+
 @dataclass(frozen=True)
 class Settings:
     """What `instrument()` was asked for, shared by every call of one client."""
@@ -60,6 +82,7 @@ class Settings:
     limiter: Limiter | None = None
     server_metrics: ServerMetrics | None = None
     owns_server_metrics: bool = False
+    attempt_spans: str | None = None  # None: configure()'s, else "retries"
 
     def close(self) -> None:
         """Stop what instrument() started for this client (a sampler it made)."""
@@ -78,6 +101,7 @@ class Settings:
             server_address=url.host,
             server_port=url.port or (443 if url.scheme == "https" else 80),
             budget=self.budget,
+            attempt_spans_always=(self.attempt_spans or _configured_attempt_spans) == "always",
         )
         sampler = self.server_metrics
         if sampler is not None:
@@ -225,7 +249,7 @@ def _chat_item(call: _Call, item: Any, now: int) -> bool:
                     break
         for choice in choices:
             if choice.finish_reason:
-                record.set_response(finish_reasons=[choice.finish_reason])
+                record.choice_finished(choice.index, choice.finish_reason)
     if usage is not None:
         _usage(record, usage)
         return call.hide_usage and not choices
@@ -253,7 +277,7 @@ def _completion_item(call: _Call, item: Any, now: int) -> bool:
                 call.output.append(text)
         for choice in choices:
             if choice.finish_reason:
-                record.set_response(finish_reasons=[choice.finish_reason])
+                record.choice_finished(getattr(choice, "index", None), choice.finish_reason)
     usage = getattr(item, "usage", None)
     if usage is not None:
         _usage(record, usage)
@@ -327,7 +351,7 @@ def _read_result(call: _Call, result: Any) -> None:
         call.output = texts
 
 
-def _finish(call: _Call, outcome: str, error: BaseException | None = None) -> None:
+def _finish(call: _Call, outcome: str, error: BaseException | None = None, at_ns: int | None = None) -> None:
     if call.output is not None and not call.record.finished:
         with swallow("openai.content"):
             text = "".join(call.output)
@@ -335,7 +359,7 @@ def _finish(call: _Call, outcome: str, error: BaseException | None = None) -> No
                 call.record, call.capture, names.GEN_AI_OUTPUT_MESSAGES,
                 [{"role": "assistant", "parts": [{"type": "text", "content": text}]}],
             )  # fmt: skip
-    call.record.finish(outcome, error=error)
+    call.record.finish(outcome, error=error, now_ns=at_ns)
 
 
 # --- wrapping the client --------------------------------------------------------------------
@@ -408,7 +432,7 @@ class OpenAIInstrumentation:
             options.json_data = {**options.json_data, "stream_options": {"include_usage": True}}
             hide_usage = True
         record = self.settings.new_record(operation, body, stream, self.client.base_url)
-        capture = _content.resolve(self.settings.capture_content)
+        capture = _content.resolve(self.settings.capture_content) if record.recording else False
         call = _Call(record, url.rstrip("/"), hide_usage, capture)
         if capture:
             with swallow("openai.content"):

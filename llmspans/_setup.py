@@ -27,14 +27,17 @@ from typing import Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from llmspans import _budget, _call, _content, _transport
+from llmspans import _budget, _call, _content, _telemetry, _transport
 from llmspans import _exporters as exporters
 from llmspans import _names as names
+from llmspans._aggregation import AggregatingReader, Aggregation, exemplar_filter
 from llmspans._exporters import PROTOCOLS, Compression, Protocol
+from llmspans._openai import check_attempt_spans, set_configured_attempt_spans
+from llmspans._version import __version__
 
 logger = logging.getLogger("llmspans")
 
@@ -69,15 +72,21 @@ def configure(
     headers: Mapping[str, str] | None = None,
     metric_interval: float | None = None,
     compression: str | None = None,
+    attempt_spans: str | None = None,
 ) -> Configuration:
     """Set up tracing and metrics for llmspans; safe to call more than once.
 
     `headers` are added to those of `OTEL_EXPORTER_OTLP_HEADERS` (an explicit one wins over the
     variable's of the same name); `compression` ("gzip" or "none") falls back to
-    `OTEL_EXPORTER_OTLP_COMPRESSION`. Export failures never raise into the application.
+    `OTEL_EXPORTER_OTLP_COMPRESSION`. `attempt_spans="always"` gives every HTTP attempt a span
+    (default "retries": only the attempts of a call that retried). Export failures never raise
+    into the application.
     """
     global _current
     _check_arguments(service_name, endpoint, protocol, traces_file, headers, metric_interval, compression)
+    chosen_attempt_spans = check_attempt_spans(attempt_spans)
+    if chosen_attempt_spans is not None:
+        set_configured_attempt_spans(chosen_attempt_spans)
     if budgets is not None:
         _budget.registry.configure(_budget.parse_budgets(budgets))
     if capture_content is not None:
@@ -192,12 +201,18 @@ def _set_up(
 
     existing_meter = metrics.get_meter_provider()
     if type(existing_meter).__name__ == "_ProxyMeterProvider":
-        reader = PeriodicExportingMetricReader(
-            metric_exporter, export_interval_millis=interval_ms or DEFAULT_METRIC_INTERVAL_MS
-        )
+        aggregation = Aggregation(exemplars=exemplar_filter())
+        reader = AggregatingReader(
+            metric_exporter, aggregation, resource, InstrumentationScope(names.INSTRUMENTATION_NAME, __version__),
+            export_interval_millis=interval_ms or DEFAULT_METRIC_INTERVAL_MS,
+        )  # fmt: skip
         meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
         metrics.set_meter_provider(meter_provider)
-        _forget_metrics_in_a_forked_child(meter_provider, reader)
+        if reader.takes_explicit_histograms():
+            _telemetry.aggregate_with(aggregation)  # else the exporter wants other histograms: the SDK's
+        else:
+            notes.append("the metric exporter asks for non-explicit histograms: the SDK aggregates them")
+        _forget_metrics_in_a_forked_child(meter_provider, reader, aggregation)
     else:
         metric_exporter.shutdown()
         notes.append("left the application's existing MeterProvider alone (metrics go to its readers)")
@@ -224,12 +239,15 @@ def _set_up(
     )
 
 
-def _forget_metrics_in_a_forked_child(provider: MeterProvider, reader: MetricReader) -> None:
+def _forget_metrics_in_a_forked_child(
+    provider: MeterProvider, reader: AggregatingReader, aggregation: Aggregation
+) -> None:
     """A forked child starts its metrics from zero, as the batch processor starts its span queue empty.
 
     The child inherits the provider's aggregated points; left alone it would export the
     parent's counts again as its own (the SDK gives the child a resource of its own, with a new
-    `service.instance.id`, but keeps the points). Swapping in fresh storage goes through the
+    `service.instance.id`, but keeps the points). llmspans' own aggregation starts empty and
+    sends on the child's resource. Swapping in fresh storage goes through the
     SDK's measurement consumer, a private part: if it ever changes shape, the child keeps the
     SDK's behaviour and says so at DEBUG.
     """
@@ -238,10 +256,14 @@ def _forget_metrics_in_a_forked_child(provider: MeterProvider, reader: MetricRea
     provider_ref = weakref.ref(provider)
 
     def after_fork_in_child() -> None:
+        aggregation.forget_all()
         current_provider = provider_ref()
         if current_provider is None:
             return
         try:
+            # The provider gave itself a resource of the child's (a new service.instance.id) in its
+            # own fork handler, which ran before this one: our points go out on it too.
+            reader.use_resource(current_provider._sdk_config.resource)
             consumer = current_provider._measurement_consumer
             consumer._lock = threading.Lock()  # a fork during a collection leaves it held
             consumer.remove_metric_reader(reader)

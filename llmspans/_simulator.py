@@ -16,6 +16,9 @@ Which :class:`Behavior` shapes a response (highest precedence first):
 Only the POST API endpoints (chat/completions, completions, embeddings, responses) with a
 JSON-object body consume behaviours; ``GET /v1/models``, ``/health``, unknown paths and
 malformed requests never do.
+
+The HTTP plumbing under it, ``HTTPCore`` (listener, connections, request parsing) and
+``Exchange`` (one answer, whole or streamed), is also what the tests' vLLM simulator stands on.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal, get_args
 
-__all__ = ["Behavior", "RecordedRequest", "SimulatedServer", "UsageMode", "main"]
+__all__ = ["Behavior", "Exchange", "HTTPCore", "RecordedRequest", "SimulatedServer", "UsageMode", "main"]
 
 UsageMode = Literal["chunk", "finish", "none", "auto"]
 
@@ -143,6 +146,7 @@ class RecordedRequest:
     headers_sent_ns: int | None = None
     chunk_sent_ns: list[int] = field(default_factory=list)
     finished_ns: int | None = None
+    raw_body: bytes = field(default=b"", repr=False)  # as received, for bodies that are not JSON
 
 
 class _Drop(Exception):
@@ -526,8 +530,13 @@ _API_ROUTES: dict[str, Callable[[_Ctx], _Full | _Stream]] = {
 _HEALTH_PATHS = ("/health", "/v1/health")
 
 
-class _Exchange:
-    """One request/response on a connection: precise waits and stamped writes."""
+class Exchange:
+    """One request/response on a connection: precise waits and stamped writes.
+
+    What a responder (see `HTTPCore`) answers with: `send_full()` for a whole response, or
+    `start_stream()`, `send()` per frame and `end_stream()` for a chunked one. A write to a
+    client that went away raises `OSError`; a wait during `stop()` unwinds the handler.
+    """
 
     def __init__(self, sock: socket.socket, rec: RecordedRequest, stopping: threading.Event) -> None:
         self.sock = sock
@@ -544,11 +553,16 @@ class _Exchange:
         self.rec.finished_ns = time.perf_counter_ns()
         raise _Drop
 
-    def send_full(self, status: int, body: bytes, headers: list[tuple[str, str]], delay: float = 0.0) -> None:
+    def send_full(
+        self,
+        status: int,
+        body: bytes,
+        headers: list[tuple[str, str]],
+        delay: float = 0.0,
+        content_type: str = "application/json",
+    ) -> None:
         self.rec.status = status
-        data = _head(
-            status, [("content-type", "application/json"), ("content-length", str(len(body))), *headers]
-        )
+        data = _head(status, [("content-type", content_type), ("content-length", str(len(body))), *headers])
         data += body
         drop = self.rec.behavior is not None and self.rec.behavior.drop_after is not None
         if drop:
@@ -569,15 +583,13 @@ class _Exchange:
         and can reuse the connection.
         """
         rec, sock = self.rec, self.sock
-        rec.status = b.status
         sse_headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
-        head = _head(b.status, [*sse_headers, ("transfer-encoding", "chunked"), *headers])
         self.wait_until(rec.arrived_ns + int(b.header_delay * 1e9))
-        headers_ns = rec.headers_sent_ns = time.perf_counter_ns()
-        sock.sendall(head)
+        self.start_stream(b.status, [*sse_headers, *headers])
+        assert rec.headers_sent_ns is not None
         for frame in plan.prelude:
             sock.sendall(frame)
-        deadline = headers_ns + int(b.first_chunk_delay * 1e9)
+        deadline = rec.headers_sent_ns + int(b.first_chunk_delay * 1e9)
         gap_ns = int(b.chunk_gap * 1e9)
         stamps = rec.chunk_sent_ns
         content = plan.content
@@ -595,25 +607,43 @@ class _Exchange:
         tail = plan.tail
         for frame in tail[:-1]:
             sock.sendall(frame)
-        rec.finished_ns = time.perf_counter_ns()
-        sock.sendall((tail[-1] if tail else b"") + _TERMINATOR)
+        self.end_stream(tail[-1] if tail else b"")
+
+    def start_stream(self, status: int, headers: list[tuple[str, str]]) -> None:
+        """Send the head of a chunked response at once; frames follow with `send()`."""
+        self.rec.status = status
+        head = _head(status, [*headers, ("transfer-encoding", "chunked")])
+        self.rec.headers_sent_ns = time.perf_counter_ns()
+        self.sock.sendall(head)
+
+    def send(self, frame: bytes) -> None:
+        """One ready-made HTTP chunk (see `_sse`), in one write."""
+        self.sock.sendall(frame)
+
+    def end_stream(self, last: bytes = b"") -> None:
+        """The last chunk (if any) and the terminator, in one write."""
+        self.rec.finished_ns = time.perf_counter_ns()
+        self.sock.sendall(last + _TERMINATOR)
 
 
-class SimulatedServer:
-    """An OpenAI-compatible server on 127.0.0.1 running in background threads.
+class HTTPCore:
+    """The HTTP/1.1 server both simulators stand on (this module's, and the tests' vLLM one).
 
-    Use as a context manager or call :meth:`start` / :meth:`stop`. ``default`` may be
-    reassigned at any time; see the module docstring for how behaviours are chosen.
-    ``record=False`` keeps long benchmark runs from accumulating request records.
+    A listener on 127.0.0.1 and one thread per connection with keep-alive; each request is
+    parsed into a `RecordedRequest` (its JSON body decoded when it has one) and handed to
+    `respond(exchange, seq, keep_alive)`, which answers through the `Exchange`. `stop()`
+    closes every connection, streams included, and joins the threads. `record=False` keeps
+    long runs from accumulating request records.
     """
 
-    def __init__(self, default: Behavior | None = None, *, port: int = 0, record: bool = True) -> None:
-        self.default: Behavior = default if default is not None else Behavior()
+    def __init__(
+        self, respond: Callable[[Exchange, int, bool], None], *, port: int = 0, record: bool = True
+    ) -> None:
+        self._respond = respond
         self._requested_port = port
         self._record = record
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._queue: deque[Behavior] = deque()
         self._requests: list[RecordedRequest] = []
         self._connections_opened = 0
         self._next_connection_id = 0
@@ -629,10 +659,10 @@ class SimulatedServer:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def start(self) -> SimulatedServer:
-        """Bind and begin serving; returns ``self`` for chaining."""
+    def start(self) -> None:
+        """Bind and begin serving."""
         if self._listener is not None or self._stopping.is_set():
-            raise RuntimeError("a SimulatedServer can be started only once")
+            raise RuntimeError("a simulated server can be started only once")
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -649,7 +679,6 @@ class SimulatedServer:
             target=self._accept_loop, name=f"llmspans-sim-accept-{self._port}", daemon=True
         )
         self._accept_thread.start()
-        return self
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close the listener and every open connection (streams included), then join threads."""
@@ -675,17 +704,6 @@ class SimulatedServer:
         with self._idle:
             self._idle.notify_all()
 
-    def __enter__(self) -> SimulatedServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # -- public state ------------------------------------------------------------------
 
     @property
@@ -698,16 +716,6 @@ class SimulatedServer:
     def url(self) -> str:
         """The server root, for clients that add ``/v1`` themselves."""
         return f"http://{_HOST}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """What to pass as an OpenAI client's ``base_url``."""
-        return f"{self.url}/v1"
-
-    def enqueue(self, *behaviors: Behavior) -> None:
-        """Script the next API requests, in order; the default applies once the queue is empty."""
-        with self._lock:
-            self._queue.extend(behaviors)
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -819,6 +827,7 @@ class SimulatedServer:
             body=body,
             arrived_ns=arrived,
             connection_id=cid,
+            raw_body=raw_body,
         )
         with self._lock:
             if self._record:
@@ -827,12 +836,89 @@ class SimulatedServer:
             self._next_seq += 1
             seq = self._next_seq
         try:
-            self._dispatch(_Exchange(conn, rec, self._stopping), seq, keep_alive)
+            self._respond(Exchange(conn, rec, self._stopping), seq, keep_alive)
         finally:
             with self._idle:
                 self._inflight -= 1
                 self._idle.notify_all()
         return keep_alive
+
+
+class SimulatedServer:
+    """An OpenAI-compatible server on 127.0.0.1 running in background threads.
+
+    Use as a context manager or call :meth:`start` / :meth:`stop`. ``default`` may be
+    reassigned at any time; see the module docstring for how behaviours are chosen.
+    ``record=False`` keeps long benchmark runs from accumulating request records.
+    """
+
+    def __init__(self, default: Behavior | None = None, *, port: int = 0, record: bool = True) -> None:
+        self.default: Behavior = default if default is not None else Behavior()
+        self._lock = threading.Lock()
+        self._queue: deque[Behavior] = deque()
+        self._core = HTTPCore(self._dispatch, port=port, record=record)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> SimulatedServer:
+        """Bind and begin serving; returns ``self`` for chaining."""
+        self._core.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the listener and every open connection (streams included), then join threads."""
+        self._core.stop(timeout)
+
+    def __enter__(self) -> SimulatedServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- public state ------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._core.port
+
+    @property
+    def url(self) -> str:
+        """The server root, for clients that add ``/v1`` themselves."""
+        return self._core.url
+
+    @property
+    def base_url(self) -> str:
+        """What to pass as an OpenAI client's ``base_url``."""
+        return f"{self.url}/v1"
+
+    def enqueue(self, *behaviors: Behavior) -> None:
+        """Script the next API requests, in order; the default applies once the queue is empty."""
+        with self._lock:
+            self._queue.extend(behaviors)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """A snapshot of the recorded requests, in arrival order."""
+        return self._core.requests
+
+    @property
+    def connections_opened(self) -> int:
+        return self._core.connections_opened
+
+    def clear(self) -> None:
+        """Forget recorded requests and the connection count (connection ids stay unique)."""
+        self._core.clear()
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Wait until no request is being handled, so records are final before asserting on them."""
+        return self._core.wait_idle(timeout)
+
+    # -- answering ---------------------------------------------------------------------
 
     def _choose(self, body: dict[str, Any]) -> Behavior:
         overrides = body.get("x_sim")
@@ -845,7 +931,7 @@ class SimulatedServer:
                 return self._queue.popleft()
         return self.default
 
-    def _dispatch(self, ex: _Exchange, seq: int, keep_alive: bool) -> None:
+    def _dispatch(self, ex: Exchange, seq: int, keep_alive: bool) -> None:
         rec = ex.rec
         common = [("x-request-id", f"req_sim{seq}")]
         if not keep_alive:

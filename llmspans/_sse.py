@@ -217,6 +217,8 @@ class ChunkInfo:
     response_id: str | None = None
     model: str | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    finish_indexes: list[int] = field(default_factory=list)
+    """The choice index of each finish reason (streamed choices finish in chunks of their own)."""
     input_tokens: int | None = None
     output_tokens: int | None = None
     cached_tokens: int | None = None
@@ -306,6 +308,8 @@ def _completion(obj: dict[str, Any]) -> ChunkInfo:
             reason = choice.get("finish_reason")
             if isinstance(reason, str):
                 info.finish_reasons.append(reason)
+                index = choice.get("index")
+                info.finish_indexes.append(index if type(index) is int else len(info.finish_indexes))
             text = _text(choice.get("text"))
             if text is not None:
                 texts.append(text)
@@ -370,11 +374,14 @@ def _read_response(response: dict[str, Any], info: ChunkInfo, *, final: bool, ki
 def _finish_response(status: str, incomplete_details: Any, info: ChunkInfo) -> None:
     if status == "completed":
         info.finish_reasons.append("stop")
+        info.finish_indexes.append(0)
     elif status == "incomplete":
         reason = incomplete_details.get("reason") if isinstance(incomplete_details, dict) else None
         info.finish_reasons.append(_text(reason) or "length")
+        info.finish_indexes.append(0)
     elif status == "failed":
         info.finish_reasons.append("error")
+        info.finish_indexes.append(0)
         info.error = True
 
 

@@ -27,12 +27,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _suppress, _telemetry
+from llmspans import _budget, _deferred, _suppress, _telemetry
+from llmspans import _metrics as metric
 from llmspans import _names as names
+from llmspans._budget import seconds
 from llmspans._guard import check_fault, guarded, report
 
 F = TypeVar("F", bound=Callable[..., Any])
-_NS = 1e-9
 _MISSING: Any = object()
 
 
@@ -55,11 +56,18 @@ current_turn: contextvars.ContextVar[TurnTotals | None] = contextvars.ContextVar
 )
 
 
+@functools.lru_cache(maxsize=256)
+def _stage_labels(stage: str) -> metric.Labels:
+    """The metric attributes of a stage name, built once."""
+    return metric.Labels({names.STAGE: stage})
+
+
+_TURN_LABELS = _stage_labels(names.STAGE_TURN)
+
+
 def _record_exception(span: Span, error: BaseException) -> None:
     """The exception's type only: its message may quote prompts or tool arguments."""
-    span.add_event(
-        names.EVENT_EXCEPTION, {names.EXCEPTION_TYPE: type(error).__qualname__, names.EXCEPTION_ESCAPED: True}
-    )
+    span.add_event(names.EVENT_EXCEPTION, {names.EXCEPTION_TYPE: type(error).__qualname__})
     span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
     span.set_attribute(names.ERROR_TYPE, type(error).__qualname__)
 
@@ -67,14 +75,14 @@ def _record_exception(span: Span, error: BaseException) -> None:
 class _Scope:
     """One stage execution: starts its span, and on finish writes budget, totals and metrics once."""
 
-    __slots__ = ("budget", "done", "metric_attributes", "span", "stage", "started_ns", "suppressed", "turn")
+    __slots__ = ("budget", "done", "labels", "span", "stage", "started_ns", "suppressed", "turn")
 
     def __init__(
         self, stage: str, span_name: str, attributes: Mapping[str, AttributeValue], budget: float | None,
-        metric_attributes: Mapping[str, AttributeValue],
+        labels: metric.Labels,
     ) -> None:  # fmt: skip
         self.stage = stage
-        self.metric_attributes = metric_attributes
+        self.labels = labels
         self.budget = _budget.registry.resolve(stage, budget)
         self.turn = current_turn.get()
         self.done = False
@@ -83,11 +91,18 @@ class _Scope:
         self.span = tracer.start_span(span_name, kind=SpanKind.INTERNAL, attributes=attributes)
         self.started_ns = time.perf_counter_ns()
 
-    def finish(self, error: BaseException | None = None, *, cut: bool = False) -> None:
+    def finish(
+        self, error: BaseException | None = None, *, cut: bool = False, at_ns: int | None = None
+    ) -> None:
         if self.done:
             return
+        if _deferred.collecting():  # a generator closed by the collector: a finalizer (see `_deferred`)
+            _deferred.defer(
+                functools.partial(self.finish, error, cut=cut, at_ns=at_ns or time.perf_counter_ns())
+            )
+            return
         self.done = True
-        elapsed_ns = time.perf_counter_ns() - self.started_ns
+        elapsed_ns = (at_ns if at_ns is not None else time.perf_counter_ns()) - self.started_ns
         try:
             check_fault("stage.finish")
             if not self.suppressed:
@@ -101,16 +116,25 @@ class _Scope:
                 report("stage.span_end", failure)
 
     def _write(self, elapsed_ns: int, error: BaseException | None, cut: bool) -> None:
-        if error is not None:
-            _record_exception(self.span, error)
-        if cut:
-            self.span.set_attribute(names.BUDGET_CUT, True)
-        instruments = _telemetry.instruments()
-        elapsed = elapsed_ns * _NS
-        _budget.record_on_span(self.span, self.stage, self.budget, elapsed, instruments.budget_exceeded)
-        instruments.stage_duration.record(elapsed, self.metric_attributes)
+        span = self.span
+        if span.is_recording():
+            if error is not None:
+                _record_exception(span, error)
+            if cut:
+                span.set_attribute(names.BUDGET_CUT, True)
+        exceeded = _budget.record_on_span(span, self.budget, elapsed_ns)
+        _record_stage(span, self.labels, elapsed_ns, exceeded)
         if self.turn is not None:
             self.turn.add(self.stage, elapsed_ns)
+
+
+def _record_stage(span: Span, labels: metric.Labels, elapsed_ns: int, exceeded: bool) -> None:
+    """A stage's or turn's duration (and an overrun), with the span's exemplar."""
+    recorder = _telemetry.recorder()
+    records: list[metric.Record] = [(metric.STAGE_DURATION, seconds(elapsed_ns), labels)]
+    if exceeded:
+        records.append((metric.BUDGET_EXCEEDED, 1, labels))
+    recorder.add(records, recorder.sample(span, time.time_ns()))
 
 
 class _StageSpec:
@@ -161,9 +185,13 @@ class _StageSpec:
                 f"{qualname} is not one: use on_exceed='record'"
             )
         # One scope per call, from what is fixed at decoration time (a partial: no Python frame of its own).
-        metric_attributes = MappingProxyType({names.STAGE: self.stage})
         scope = functools.partial(
-            _Scope, self.stage, span_name, MappingProxyType(attributes), self.budget, metric_attributes
+            _Scope,
+            self.stage,
+            span_name,
+            MappingProxyType(attributes),
+            self.budget,
+            _stage_labels(self.stage),
         )
 
         if inspect.isasyncgenfunction(func):
@@ -230,7 +258,7 @@ def _cancelling_wrapper(
                 if not done:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
-                    elapsed = (time.perf_counter_ns() - current.started_ns) * _NS
+                    elapsed = seconds(time.perf_counter_ns() - current.started_ns)
                     if spec.fallback is not _MISSING:
                         current.finish(cut=True)
                         return spec.fallback
@@ -255,6 +283,7 @@ def _gen_wrapper(
     func: Callable[..., Generator[Any, Any, Any]], scope: Callable[[], _Scope]
 ) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        _deferred.start_worker()  # before a collected generator can need it
         current = scope()
         ctx = trace.set_span_in_context(current.span)
         inner: Generator[Any, Any, Any] | None = None
@@ -296,6 +325,7 @@ def _async_gen_wrapper(
     func: Callable[..., AsyncGenerator[Any, Any]], scope: Callable[[], _Scope]
 ) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        _deferred.start_worker()  # before a collected generator can need it
         current = scope()
         ctx = trace.set_span_in_context(current.span)
         inner: AsyncGenerator[Any, Any] | None = None
@@ -472,16 +502,17 @@ class turn:
         budget: float | None,
         error: BaseException | None,
     ) -> None:
-        if error is not None:
-            _record_exception(span, error)
-        stage_totals = dict(totals.totals_ns)
-        span.set_attributes({names.TURN_STAGE_PREFIX + stage: ns * _NS for stage, ns in stage_totals.items()})
-        if stage_totals:
-            span.set_attribute(names.TURN_DOMINANT_STAGE, max(stage_totals, key=stage_totals.__getitem__))
-        instruments = _telemetry.instruments()
-        elapsed = elapsed_ns * _NS
-        _budget.record_on_span(span, names.STAGE_TURN, budget, elapsed, instruments.budget_exceeded)
-        instruments.stage_duration.record(elapsed, {names.STAGE: names.STAGE_TURN})
+        if span.is_recording():
+            if error is not None:
+                _record_exception(span, error)
+            stage_totals = dict(totals.totals_ns)
+            span.set_attributes(
+                {names.TURN_STAGE_PREFIX + stage: seconds(ns) for stage, ns in stage_totals.items()}
+            )
+            if stage_totals:
+                span.set_attribute(names.TURN_DOMINANT_STAGE, max(stage_totals, key=stage_totals.__getitem__))
+        exceeded = _budget.record_on_span(span, budget, elapsed_ns)
+        _record_stage(span, _TURN_LABELS, elapsed_ns, exceeded)
 
     def __enter__(self) -> Span:
         return self._enter()

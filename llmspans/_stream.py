@@ -20,6 +20,7 @@ from typing import Any
 
 import wrapt
 
+from llmspans import _deferred
 from llmspans import _names as names
 from llmspans._call import CallRecord
 from llmspans._guard import report
@@ -27,15 +28,17 @@ from llmspans._guard import report
 # Inspects one item, given the instant it arrived; True hides it from the caller (the usage
 # chunk llmspans asked for on the caller's behalf).
 OnItem = Callable[[Any, int], bool]
-# Ends the call with an outcome; runs once whichever path gets there first.
-OnEnd = Callable[[str, "BaseException | None"], None]
+# Ends the call with an outcome, at an instant (None: now); runs once whichever path gets there first.
+OnEnd = Callable[[str, "BaseException | None", "int | None"], None]
 
 
 def _abandon(on_end: OnEnd) -> None:
-    try:
-        on_end(names.OUTCOME_ABANDONED, None)
-    except Exception as error:  # the last net: a finaliser must never raise
-        report("stream.gc", error)
+    """The proxy was collected: a finalizer, so it only stamps the time and hands the end over."""
+    _deferred.defer(_abandoned, on_end, time.perf_counter_ns())
+
+
+def _abandoned(on_end: OnEnd, at_ns: int) -> None:
+    on_end(names.OUTCOME_ABANDONED, None, at_ns)
 
 
 class _StreamProxy(wrapt.ObjectProxy[Any]):
@@ -50,12 +53,13 @@ class _StreamProxy(wrapt.ObjectProxy[Any]):
         self._self_record = record
         self._self_on_item = on_item
         self._self_on_end = on_end
+        _deferred.start_worker()  # before the finalizer can need it
         self._self_finalizer = weakref.finalize(self, _abandon, on_end)
 
     def _self_end(self, outcome: str, error: BaseException | None) -> None:
         self._self_finalizer.detach()
         try:
-            self._self_on_end(outcome, error)
+            self._self_on_end(outcome, error, None)
         except Exception as failure:
             report("stream.end", failure)
             self._self_record.finish(outcome, error=error)  # the adapter's hook failed: the call still ends

@@ -1,9 +1,11 @@
-"""Which tracer and meter llmspans records into.
+"""Which tracer and metric recorder llmspans records into.
 
-Normally the global providers: before `configure()` (or without it) the API's proxy
-tracer and meter forward to whatever provider the application installs later, so
-`instrument()` and the decorators work on an existing OpenTelemetry set-up. The testing
-helper swaps in private providers for the length of a `capture()`.
+Normally the global providers: before `configure()` (or without it) the API's proxy tracer and
+meter forward to whatever provider the application installs later, so `instrument()` and the
+decorators work on an existing OpenTelemetry set-up, and metric values go through the SDK's
+instruments (`_metrics.SdkRecorder`). When `configure()` built the metrics pipeline itself it
+hands llmspans' own aggregation over (`aggregate_with`), and values go there. The testing helper
+swaps in private providers for the length of a `capture()`.
 """
 
 from __future__ import annotations
@@ -15,22 +17,22 @@ from contextlib import contextmanager
 from opentelemetry import metrics, trace
 
 from llmspans import _names as names
-from llmspans._metrics import Instruments
+from llmspans._metrics import Recorder, SdkRecorder
 from llmspans._version import __version__
 
 _lock = threading.Lock()
-_override: tuple[trace.Tracer, Instruments] | None = None
-_global: tuple[trace.Tracer, Instruments] | None = None
+_override: tuple[trace.Tracer, Recorder] | None = None
+_global: tuple[trace.Tracer, Recorder] | None = None
 
 
-def _global_pair() -> tuple[trace.Tracer, Instruments]:
+def _global_pair() -> tuple[trace.Tracer, Recorder]:
     global _global
     if _global is None:
         with _lock:
             if _global is None:
                 _global = (
                     trace.get_tracer(names.INSTRUMENTATION_NAME, __version__),
-                    Instruments(metrics.get_meter(names.INSTRUMENTATION_NAME, __version__)),
+                    SdkRecorder(metrics.get_meter(names.INSTRUMENTATION_NAME, __version__)),
                 )
     return _global
 
@@ -40,9 +42,20 @@ def tracer() -> trace.Tracer:
     return pair[0]
 
 
-def instruments() -> Instruments:
+def recorder() -> Recorder:
     pair = _override or _global or _global_pair()
     return pair[1]
+
+
+def aggregate_with(aggregation: Recorder) -> None:
+    """From now on record the global metric values into llmspans' own aggregation (`configure()`).
+
+    The gauges stay the SDK's: they were registered on the global meter with the SDK recorder.
+    """
+    global _global
+    tracer_, _ = _global_pair()
+    with _lock:
+        _global = (tracer_, aggregation)
 
 
 def replace_meter_provider(meter_provider: metrics.MeterProvider) -> None:
@@ -51,7 +64,7 @@ def replace_meter_provider(meter_provider: metrics.MeterProvider) -> None:
     if _override is not None:
         _override = (
             _override[0],
-            Instruments(meter_provider.get_meter(names.INSTRUMENTATION_NAME, __version__)),
+            SdkRecorder(meter_provider.get_meter(names.INSTRUMENTATION_NAME, __version__)),
         )
 
 
@@ -64,7 +77,7 @@ def use_providers(
     previous = _override
     _override = (
         tracer_provider.get_tracer(names.INSTRUMENTATION_NAME, __version__),
-        Instruments(meter_provider.get_meter(names.INSTRUMENTATION_NAME, __version__)),
+        SdkRecorder(meter_provider.get_meter(names.INSTRUMENTATION_NAME, __version__)),
     )
     try:
         yield

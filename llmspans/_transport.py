@@ -1,12 +1,12 @@
-"""The transport layer: one attempt span per HTTP attempt, connections timed, context injected.
+"""The transport layer: every HTTP attempt seen, connections timed, context injected.
 
 A wrapper around an httpx or httpx2 client's transport sees every physical attempt the
 client makes (the openai SDK's retry loop calls `send()` once per attempt). For each
-attempt inside an LLM call it starts a CLIENT span under the call span, times connection
-set-up from httpcore's `trace` request extension (no `connect_tcp` event means a pooled
-connection was reused), injects W3C `traceparent`/`tracestate`, and watches the response
-body so the attempt span ends when the body is closed and a non-streamed call knows when
-its body was read.
+attempt inside an LLM call it records the attempt on the call, times connection set-up
+from httpcore's `trace` request extension (no `connect_tcp` event means a pooled connection
+was reused), makes an attempt span where one says something (a retried call; see
+`_AttemptScope`), injects the trace context, and watches the response body so the attempt
+ends when the body is closed and a non-streamed call knows when its body was read.
 
 Which call an attempt belongs to comes from `active_call`, set by the client adapter
 around the SDK's request; a plain httpx client has no adapter, so `PlainCalls` opens a
@@ -24,13 +24,17 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol
 
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from llmspans import _deferred, _telemetry
 from llmspans import _names as names
-from llmspans import _suppress, _telemetry
+from llmspans._budget import seconds
 from llmspans._call import Attempt, CallRecord
 from llmspans._guard import guarded, swallow
 from llmspans._limiter import Limiter
+from llmspans._names import PROVIDER_VLLM
 
 active_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("llmspans_call", default=None)
 
@@ -113,11 +117,16 @@ def end_open_attempts() -> None:
 
 
 class _AttemptScope:
-    """One attempt: its span, its record on the call, and the close of its response body."""
+    """One attempt: its record on the call, its span where it gets one, and the close of its response body.
 
-    __slots__ = (
-        "__weakref__", "attempt", "closed", "connect_started_ns", "observer", "owns_call", "record", "span",
-    )  # fmt: skip
+    An attempt span only where it says something (DESIGN §2): a call whose first attempt succeeds
+    has none, its request carries the call span's context, and its HTTP facts go on the call span.
+    When a second attempt starts, the first gets its span after the fact, with its real start and
+    end, and every later attempt gets one as it runs and sends it as the parent. With
+    `attempt_spans="always"` every attempt has one. A call span that does not record gets none.
+    """
+
+    __slots__ = ("__weakref__", "attempt", "closed", "connect_started_ns", "observer", "owns_call", "record")
 
     def __init__(
         self, record: CallRecord, request: Any, owns_call: bool, observer: BodyObserver | None
@@ -129,29 +138,21 @@ class _AttemptScope:
         self.closed = False
         _open_attempts.add(self)
         self.connect_started_ns = 0
-        self.attempt: Attempt = record.attempt(now)
-        url = request.url
-        attributes: dict[str, Any] = {
-            names.HTTP_REQUEST_METHOD: request.method,
-            names.URL_FULL: safe_url(url),
-            names.SERVER_ADDRESS: url.host,
-        }
-        if url.port:
-            attributes[names.SERVER_PORT] = url.port
-        resends = len(record.attempts) - 1
+        attempts = record.attempts
+        attempt = self.attempt = record.attempt(now, request.method, request.url)
         header = request.headers.get(_RETRY_HEADER)
-        if header and header.isdigit():
-            resends = int(header)
-        if resends:
-            attributes[names.HTTP_REQUEST_RESEND_COUNT] = resends
-        parent = trace.set_span_in_context(record.span)
-        tracer = _suppress.NOOP_TRACER if record.suppressed else _telemetry.tracer()
-        self.span: Span = tracer.start_span(
-            request.method, context=parent, kind=SpanKind.CLIENT, attributes=attributes,
-            start_time=record.wall_ns(now),
-        )  # fmt: skip
-        with swallow("transport.inject"):  # a raising propagator must not leave the span open
-            propagate.inject(request.headers, context=trace.set_span_in_context(self.span, parent))
+        attempt.resend_count = int(header) if header and header.isdigit() else len(attempts) - 1
+        if record.suppressed:
+            return  # no span, and no traceparent sent
+        parent = record.span
+        if record.recording and (record.attempt_spans_always or len(attempts) > 1):
+            first = attempts[0]
+            if first is not attempt and first.span is None:  # made now, with its real start and end
+                first.span = _start_attempt_span(record, first)
+                _end_attempt_span(record, first, first.span, None)
+            parent = attempt.span = _start_attempt_span(record, attempt)
+        with swallow("transport.inject"):  # a raising propagator must not reach the app
+            _inject(request.headers, trace.set_span_in_context(parent), record.kind.provider == PROVIDER_VLLM)
 
     def on_trace_event(self, event: str) -> None:
         if event == "connection.connect_tcp.started":
@@ -164,47 +165,50 @@ class _AttemptScope:
 
     @guarded("transport.response", None)
     def responded(self, status: int, headers: Any) -> None:
-        self.attempt.status = status
-        self.span.set_attribute(names.HTTP_RESPONSE_STATUS_CODE, status)
+        attempt = self.attempt
+        attempt.status = status
         if status >= 400:
-            self.attempt.cause = f"http_{status}"
-            self.span.set_attribute(names.ERROR_TYPE, str(status))
-            self.span.set_status(Status(StatusCode.ERROR))
+            attempt.cause = f"http_{status}"
+            attempt.error_type = str(status)
         if self.observer is not None:
             self.observer.response_headers(headers)  # the body it will see is still content-encoded
 
     def failed(self, error: BaseException) -> None:
         with swallow("transport.failed"):
-            cause = cause_of(error)
-            self.attempt.cause = cause
-            self.span.set_attribute(names.ERROR_TYPE, type(error).__qualname__)
-            self.span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+            self.attempt.cause = cause_of(error)
+            self.attempt.error_type = type(error).__qualname__
         self.close(error)
 
     def body_done(self, now_ns: int) -> None:
         if self.attempt.body_done_ns is None:
             self.attempt.body_done_ns = now_ns
 
-    def close(self, error: BaseException | None = None) -> None:
-        """End the attempt (and, for a plain client, its call); runs once."""
+    def close(self, error: BaseException | None = None, at_ns: int | None = None) -> None:
+        """End the attempt (and, for a plain client, its call) at `at_ns` (None: now); runs once.
+
+        Inside a garbage collection (a library's finalizer closing the body) the worker does it.
+        """
         if self.closed:
+            return
+        if _deferred.collecting():
+            _deferred.defer(self.close, error, at_ns or time.perf_counter_ns())
             return
         self.closed = True
         _open_attempts.discard(self)
-        now = time.perf_counter_ns()
-        self.attempt.ended_ns = now
-        with swallow("transport.close"):
-            self._write_connection()
-        with swallow("transport.span_end"):  # a span processor that raises must not reach the app
-            self.span.end(end_time=self.record.wall_ns(now))
+        now = at_ns if at_ns is not None else time.perf_counter_ns()
+        attempt = self.attempt
+        attempt.ended_ns = now
+        if error is not None and attempt.error_type is None:  # the body failed after the headers
+            attempt.error_type = type(error).__qualname__
+        if attempt.span is not None:
+            with swallow("transport.span_end"):  # a span processor that raises must not reach the app
+                _end_attempt_span(self.record, attempt, attempt.span, error)
         if self.owns_call:
             if self.observer is not None:
                 with swallow("transport.observer"):
                     self.observer.finish(now, error)
             self.record.finish(self._outcome(error), error=error, now_ns=now)
-        elif (
-            self.record.finish_on_close and self.record.attempts and self.record.attempts[-1] is self.attempt
-        ):
+        elif self.record.finish_on_close and self.record.attempts and self.record.attempts[-1] is attempt:
             self.record.finish(self._outcome(error), error=error, now_ns=now)
 
     def _outcome(self, error: BaseException | None) -> str:
@@ -217,14 +221,48 @@ class _AttemptScope:
             return names.OUTCOME_COMPLETED
         return names.OUTCOME_ABANDONED
 
-    def _write_connection(self) -> None:
-        attempt = self.attempt
-        self.span.set_attributes(
-            {
-                names.CONNECT_REUSED: not attempt.new_connection,
-                names.CONNECT_DURATION: attempt.connect_ns * 1e-9,
-            }
-        )
+
+_W3C = TraceContextTextMapPropagator()
+
+
+def _inject(headers: Any, context: Context, w3c_too: bool) -> None:
+    """The global propagator's headers; for vLLM also W3C `traceparent`, the only one it reads."""
+    propagate.inject(headers, context=context)
+    if w3c_too and "traceparent" not in headers:
+        _W3C.inject(headers, context=context)
+
+
+def _start_attempt_span(record: CallRecord, attempt: Attempt) -> Span:
+    """An attempt's CLIENT span under the call span, from its start (which may be in the past)."""
+    url = attempt.url
+    attributes: dict[str, Any] = {
+        names.HTTP_REQUEST_METHOD: attempt.method,
+        names.URL_FULL: safe_url(url),
+        names.SERVER_ADDRESS: url.host,
+    }
+    if url.port:
+        attributes[names.SERVER_PORT] = url.port
+    if attempt.resend_count:
+        attributes[names.HTTP_REQUEST_RESEND_COUNT] = attempt.resend_count
+    return _telemetry.tracer().start_span(
+        attempt.method, context=trace.set_span_in_context(record.span), kind=SpanKind.CLIENT,
+        attributes=attributes, start_time=record.wall_ns(attempt.started_ns),
+    )  # fmt: skip
+
+
+def _end_attempt_span(record: CallRecord, attempt: Attempt, span: Span, error: BaseException | None) -> None:
+    """What the attempt came to, and its end: a failure before or after its headers marks it failed."""
+    attributes: dict[str, Any] = {
+        names.CONNECT_REUSED: not attempt.new_connection,
+        names.CONNECT_DURATION: seconds(attempt.connect_ns),
+    }
+    if attempt.status is not None:
+        attributes[names.HTTP_RESPONSE_STATUS_CODE] = attempt.status
+    if attempt.error_type is not None:
+        attributes[names.ERROR_TYPE] = attempt.error_type
+        span.set_status(Status(StatusCode.ERROR, attempt.error_type if error is not None else None))
+    span.set_attributes(attributes)
+    span.end(end_time=record.wall_ns(attempt.ended_ns or attempt.started_ns))
 
 
 # The trace events `on_trace_event` times a connection with. httpcore sends about ten per
@@ -291,9 +329,14 @@ def _unstarted(opened: tuple[CallRecord, BodyObserver | None, bool]) -> None:
 
 
 def _end_on_collect(scope: _AttemptScope) -> None:
-    """Garbage collection of an unclosed body still ends the attempt (and a plain call)."""
+    """An unclosed body was collected: a finalizer, so it only stamps the time and hands the end over."""
+    _deferred.defer(_end_collected, scope, time.perf_counter_ns())
+
+
+def _end_collected(scope: _AttemptScope, at_ns: int) -> None:
+    """Collection of an unclosed body still ends the attempt (and a plain call), at the collection."""
     with swallow("transport.gc"):
-        scope.close()
+        scope.close(None, at_ns)
 
 
 class _Library:
@@ -327,6 +370,7 @@ class _SyncBody:
     def __init__(self, inner: Any, scope: _AttemptScope) -> None:
         self._inner = inner
         self._scope = scope
+        _deferred.start_worker()  # before the finalizer can need it
         self._finalizer = weakref.finalize(self, _end_on_collect, scope)
 
     def __iter__(self) -> Iterator[bytes]:
@@ -359,6 +403,7 @@ class _AsyncBody:
     def __init__(self, inner: Any, scope: _AttemptScope) -> None:
         self._inner = inner
         self._scope = scope
+        _deferred.start_worker()  # before the finalizer can need it
         self._finalizer = weakref.finalize(self, _end_on_collect, scope)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:

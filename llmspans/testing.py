@@ -22,9 +22,18 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmspans import _telemetry
+from llmspans import _deferred, _telemetry
 
-__all__ = ["Captured", "MetricPoint", "capture", "llmspans_capture"]
+__all__ = ["Captured", "MetricPoint", "capture", "llmspans_capture", "settle"]
+
+
+def settle(timeout: float = 10.0) -> bool:
+    """Wait until what finalizers handed over has run: the spans of collected streams and generators
+    end, and dropped limiter slots come back, on llmspans' worker thread (never inside the collector).
+
+    `Captured.spans` and `Captured.metric_points` settle by themselves. True when it has run.
+    """
+    return _deferred.settle(timeout)
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,8 @@ class Captured:
 
     @property
     def spans(self) -> list[ReadableSpan]:
-        """Finished spans, in the order they ended."""
+        """Finished spans, in the order they ended (streams and generators collected so far included)."""
+        _deferred.settle()
         return list(self._exporter.get_finished_spans())
 
     def spans_named(self, name: str) -> list[ReadableSpan]:
@@ -70,6 +80,7 @@ class Captured:
     def metric_points(self, name: str | None = None) -> list[MetricPoint]:
         """Every point collected now (cumulative since the capture began), optionally of one metric."""
         points: list[MetricPoint] = []
+        _deferred.settle()
         data = self._reader.get_metrics_data()
         for resource_metrics in data.resource_metrics if data else ():
             for scope_metrics in resource_metrics.scope_metrics:

@@ -1,23 +1,36 @@
-"""vLLM: the server's queue and KV-cache state, sampled in the background for the call spans.
+"""vLLM: the server's queue, KV-cache and pressure signals, sampled in the background for the call spans.
 
     from llmspans.vllm import ServerMetrics
 
     with ServerMetrics("http://127.0.0.1:8000/v1", interval=1.0) as server:
         server.span_attributes()
         # {"vllm.num_requests_waiting": 3, "vllm.num_requests_running": 8,
-        #  "vllm.kv_cache_usage": 0.93, "vllm.metrics.age": 0.41}
+        #  "vllm.kv_cache_usage": 0.93, "vllm.preemption_rate": 0.5, "vllm.metrics.age": 0.41}
 
 Exports `ServerMetrics`, `ServerSnapshot` and `looks_like_vllm`.
 
 **What is read.** vLLM's Prometheus `/metrics` (the server root's, whether `base_url` names the
-root or the OpenAI `/v1` URL): the gauges `vllm:num_requests_waiting`, `vllm:num_requests_running`
-and `vllm:kv_cache_usage_perc`, or the older `vllm:gpu_cache_usage_perc` when the server predates
-the rename (vLLM 0.9). The text is parsed with `prometheus_client`'s parser (the `vllm` extra:
-`pip install 'llmspans[vllm]'`).
+root or the OpenAI `/v1` URL), each signal only when the server exposes its source (docs/telemetry.md
+lists the releases):
 
-**Several series.** The gauges carry a `model_name` label (and `engine` since the V1 engine). The
-request counts are **summed** over every series, so they are the whole server's backlog and batch,
-whatever model alias or data-parallel engine holds them. The KV-cache usage is the **maximum**
+- `vllm:num_requests_waiting` and `vllm:num_requests_running` (every release; a page without them
+  is not vLLM's);
+- the KV-cache usage: `vllm:kv_cache_usage_perc` (0.9.2 and later), else `vllm:gpu_cache_usage_perc`
+  (up to 0.10.x, and the only one on the older engine that `--otlp-traces-endpoint` forces before 0.11);
+- the preemption rate: the counter `vllm:num_preemptions` (0.9.2 and later, and the older engine),
+  else the preemptions that 0.33's `vllm:request_num_preemptions` counted for finished requests;
+- the prefix-cache hit ratio: `vllm:prefix_cache_hits` over `vllm:prefix_cache_queries` (0.9.2 and
+  later; `vllm:gpu_prefix_cache_*` before), else 0.33's `vllm:prompt_tokens_cached` over
+  `vllm:prompt_tokens`;
+- `vllm:num_requests_waiting_by_reason{reason=capacity|deferred}` and the admission-rejection rate
+  from `vllm:admission_rejections` (0.33).
+
+Rates and the ratio are over the time between the last two successful reads. The text is parsed
+with `prometheus_client`'s parser (the `vllm` extra: `pip install 'llmspans[vllm]'`).
+
+**Several series.** The series carry a `model_name` label (and `engine` on the newer engine). The
+request counts and counters are **summed** over every series, so they are the whole server's backlog,
+batch and events, whatever model alias or data-parallel engine holds them. The KV-cache usage is the **maximum**
 over the series: each engine has its own cache, and the fullest one is the one that stalls
 admission (summing fractions would be meaningless).
 
@@ -30,13 +43,14 @@ a handful of dictionary operations, safe from any thread. When the endpoint is d
 something else, the sampler logs one warning per outage on the `llmspans.vllm` logger and keeps
 trying; `span_attributes()` then returns the last good sample with its growing age (or `{}` if
 there never was one), while the gauges stop reporting until a sample succeeds again. The
-thread stops on `close()`, at the end of a `with` block, when the object is garbage collected,
-and at interpreter exit.
+thread stops on `close()`, at the end of a `with` block, within a quarter of a second of the
+object being garbage collected, and at interpreter exit. The thread imports nothing and the
+finalizer takes no lock (see `_Sampler` for why).
 
-**Gauges.** While sampling, the values are also exported as OpenTelemetry gauges
-`vllm.num_requests_waiting`, `vllm.num_requests_running` and `vllm.kv_cache_usage` with the
-server's `server.address` and `server.port`, through the same meter provider as llmspans'
-other instruments.
+**Gauges.** While sampling, the values are also exported as OpenTelemetry gauges of the same
+names as the span attributes (`vllm.num_requests_waiting`, `vllm.kv_cache_usage`,
+`vllm.preemption_rate`, ...) with the server's `server.address` and `server.port`, through the
+same meter provider as llmspans' other instruments.
 
 **Recognising vLLM.** vLLM's `/v1/models` lists its models with `owned_by: "vllm"`
 (`looks_like_vllm()` checks a decoded payload), but finding out takes a request to the server
@@ -46,6 +60,8 @@ before the first call, which `instrument()` will not make on its own: pass
 
 from __future__ import annotations
 
+import atexit
+import encodings.idna  # noqa: F401  (the socket module encodes host names with it; see _Sampler)
 import logging
 import math
 import threading
@@ -57,6 +73,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+import httpx
+from opentelemetry import context
 from opentelemetry.util.types import AttributeValue
 
 from llmspans import _names as names
@@ -91,6 +109,12 @@ class ServerSnapshot:
     `kv_cache_usage` is a fraction (1.0 means the cache is full), None when the server exposes
     neither KV-cache gauge. `sampled_at` is the wall-clock time of the read (`time.time()`);
     the age is measured on the monotonic clock, so a wall-clock step does not distort it.
+
+    The rest is None when the server does not expose its source (see the module docstring):
+    `preemption_rate` and `admission_rejection_rate` are per second and `prefix_cache_hit_ratio`
+    a fraction of the prompt tokens looked up, all three over the time since the previous
+    successful read (None on the first read, after a counter went backwards, and for the ratio
+    when nothing was looked up); the two waiting counts split `num_requests_waiting` by reason.
     """
 
     num_requests_waiting: int
@@ -98,6 +122,11 @@ class ServerSnapshot:
     kv_cache_usage: float | None
     sampled_at: float
     monotonic: float = field(repr=False, compare=False)
+    preemption_rate: float | None = None
+    prefix_cache_hit_ratio: float | None = None
+    num_requests_waiting_for_capacity: int | None = None
+    num_requests_waiting_deferred: int | None = None
+    admission_rejection_rate: float | None = None
     attributes: Mapping[str, AttributeValue] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -108,29 +137,55 @@ class ServerSnapshot:
 
 class _Sampler:
     """The state the sampling thread shares with its `ServerMetrics`; it never refers back to it,
-    so a `ServerMetrics` nobody holds any more can be collected (which stops the thread)."""
+    so a `ServerMetrics` nobody holds any more can be collected (which stops the thread).
 
-    def __init__(self, metrics_url: str, address: str, port: int, interval: float, timeout: float) -> None:
+    Two rules keep the thread from ever disturbing the application:
+
+    - **The thread imports nothing.** Everything it runs is imported at the top of this module or
+      by `ServerMetrics.__init__`, and its HTTP transport is built by `start()`, all in the
+      caller's thread before the thread starts. A module being imported sits half-initialised
+      in `sys.modules` until its import ends, and the app's threads can find it there: the openai
+      3.x SDK looks `httpx` up on every request, and the first call after
+      `instrument(..., server_metrics=True)` failed with "partially initialized module 'httpx'"
+      while this thread imported it. (`encodings.idna` is imported above because the socket
+      module imports it on the first connection to a host name.)
+    - **The finalizer only sets a flag.** Garbage collection can run a finalizer in any thread at
+      any allocation, including while that thread holds `_live_lock` or an OpenTelemetry SDK
+      lock. So `abandon()` (the `ServerMetrics` finalizer) only stores True in `abandoned`: no
+      lock, no OpenTelemetry call, no join. The thread looks at the flag at least every
+      `_ABANDON_POLL` seconds, then leaves `_live` and ends on its own.
+    """
+
+    def __init__(
+        self,
+        metrics_url: str,
+        address: str,
+        port: int,
+        interval: float,
+        timeout: float,
+        families: Callable[[str], Iterable[Any]],
+    ) -> None:
         self.metrics_url = metrics_url
         self.interval = interval
         self.timeout = timeout
+        self.families = families  # prometheus_client's parser, imported by the caller
         self.gauge_attributes: dict[str, AttributeValue] = {
             names.SERVER_ADDRESS: address,
             names.SERVER_PORT: port,
         }
         self.snapshot: ServerSnapshot | None = None  # replaced whole, so readers need no lock
         self.healthy = False  # whether the latest attempt succeeded
+        self.abandoned = False  # set by the finalizer, and by nothing else
         self.sampled = threading.Condition()
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self._in_outage = False
+        self._timeouts = httpx.Timeout(timeout).as_dict()
+        self._previous: _Reading | None = None  # the last good read, for the rates (thread only)
 
-    # --- the thread -----------------------------------------------------------------------
+    # --- the thread (imports nothing: see the class docstring) -------------------------------
 
-    def run(self) -> None:
-        import httpx
-        from opentelemetry import context
-
+    def run(self, transport: httpx.HTTPTransport) -> None:
         # The sampler's own GETs are not the application's traffic: keep OpenTelemetry's HTTP
         # instrumentations (if the app installed any) from tracing them.
         context.attach(
@@ -140,22 +195,39 @@ class _Sampler:
                 context.set_value(context._SUPPRESS_INSTRUMENTATION_KEY, True),
             )
         )
-        # A bare transport rather than an httpx.Client: a client logs every request at INFO,
-        # which would put a line in the app's logs every interval.
-        with httpx.HTTPTransport(retries=0) as transport:
-            while not self.stopping.is_set():
-                started = time.monotonic()
-                self.sample_once(transport)
-                remaining = started + self.interval - time.monotonic()
-                self.stopping.wait(max(remaining, 0.0))
+        try:
+            with transport:
+                while self.running:
+                    started = time.monotonic()
+                    self.sample_once(transport)
+                    self._pause_until(started + self.interval)
+        finally:
+            with _live_lock:
+                _live.discard(self)
+            with self.sampled:
+                self.sampled.notify_all()
 
-    def sample_once(self, transport: Any) -> None:
+    @property
+    def running(self) -> bool:
+        return not (self.stopping.is_set() or self.abandoned)
+
+    def _pause_until(self, until: float) -> None:
+        """Wait until `until` (monotonic), waking at least every `_ABANDON_POLL` s to look at the flag."""
+        while self.running:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return
+            self.stopping.wait(min(remaining, _ABANDON_POLL))
+
+    def sample_once(self, transport: httpx.HTTPTransport) -> None:
         try:
             text = self._fetch(transport)
-            snapshot = _parse(text)
+            reading = _Reading.parse(self.families(text), time.monotonic())
+            snapshot = reading.snapshot(self._previous)
         except Exception as error:  # whatever went wrong, the thread carries on
             self._failed(error)
             return
+        self._previous = reading
         self.snapshot = snapshot
         self.healthy = True
         if self._in_outage:
@@ -164,19 +236,18 @@ class _Sampler:
         with self.sampled:
             self.sampled.notify_all()
 
-    def _fetch(self, transport: Any) -> str:
-        import httpx
-
+    def _fetch(self, transport: httpx.HTTPTransport) -> str:
         request = httpx.Request(
-            "GET", self.metrics_url, headers={"accept": _ACCEPT},
-            extensions={"timeout": httpx.Timeout(self.timeout).as_dict()},
-        )  # fmt: skip
+            "GET", self.metrics_url, headers={"accept": _ACCEPT}, extensions={"timeout": self._timeouts}
+        )
         response = transport.handle_request(request)
         try:
             if response.status_code != 200:
                 raise _NotMetrics(f"HTTP {response.status_code}")
+            stream = response.stream
+            assert isinstance(stream, httpx.SyncByteStream)  # what a sync transport returns
             body = bytearray()
-            for piece in response.stream:
+            for piece in stream:
                 body += piece
                 if len(body) > _MAX_BODY_BYTES:
                     raise _NotMetrics(f"body larger than {_MAX_BODY_BYTES} bytes")
@@ -199,17 +270,27 @@ class _Sampler:
                 "llmspans: vLLM metrics still unreadable at %s (%s)", url_for_log(self.metrics_url), reason
             )
 
-    # --- control ----------------------------------------------------------------------------
+    # --- control (the caller's thread) ------------------------------------------------------
 
     def start(self) -> None:
-        thread = threading.Thread(target=self.run, name="llmspans-vllm-metrics", daemon=True)
+        # A bare transport rather than an httpx.Client: a client logs every request at INFO,
+        # which would put a line in the app's logs every interval. Built here, not in the thread,
+        # because building it imports httpcore and loads the certificates. A plain-HTTP URL never
+        # uses TLS, so it skips loading the certificate bundle.
+        transport = httpx.HTTPTransport(retries=0, verify=self.metrics_url.startswith("https:"))
+        thread = threading.Thread(
+            target=self.run, args=(transport,), name="llmspans-vllm-metrics", daemon=True
+        )
         self.thread = thread
         with _live_lock:
             _live.add(self)
         thread.start()
 
     def stop(self) -> None:
-        """Stop the thread and wait for it: at most one request's timeouts plus a little."""
+        """Stop the thread and wait for it: at most one request's timeouts plus a little.
+
+        Never from a finalizer (it takes `_live_lock` and joins): that is `abandon()`.
+        """
         self.stopping.set()
         with _live_lock:
             _live.discard(self)
@@ -219,63 +300,180 @@ class _Sampler:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=4 * self.timeout + 1.0)
 
+    def abandon(self) -> None:
+        """The `ServerMetrics` finalizer: a plain attribute store, the only thing safe in one."""
+        self.abandoned = True
+
+
+_ABANDON_POLL = 0.25  # how soon the thread of a collected ServerMetrics notices and ends
+
 
 class _NotMetrics(Exception):
     """The endpoint answered, but not with vLLM's metrics."""
-
-
-def _parse(text: str) -> ServerSnapshot:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name not in _WANTED:
-            continue
-        combine = _WANTED[family.name]
-        for sample in family.samples:
-            if sample.name != family.name or math.isnan(sample.value):
-                continue
-            previous = totals.get(family.name)
-            totals[family.name] = sample.value if previous is None else combine(previous, sample.value)
-    waiting = totals.get(names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING)
-    running = totals.get(names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING)
-    if waiting is None or running is None:
-        raise _NotMetrics(
-            f"no {names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING} / {names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING} "
-            "gauges: is this a vLLM server?"
-        )
-    kv_cache = totals.get(
-        names.PROMETHEUS_VLLM_KV_CACHE_USAGE, totals.get(names.PROMETHEUS_VLLM_GPU_CACHE_USAGE)
-    )
-    attributes: dict[str, AttributeValue] = {
-        names.VLLM_NUM_REQUESTS_WAITING: round(waiting),
-        names.VLLM_NUM_REQUESTS_RUNNING: round(running),
-    }
-    if kv_cache is not None:
-        attributes[names.VLLM_KV_CACHE_USAGE] = kv_cache
-    return ServerSnapshot(
-        num_requests_waiting=round(waiting),
-        num_requests_running=round(running),
-        kv_cache_usage=kv_cache,
-        sampled_at=time.time(),
-        monotonic=time.monotonic(),
-        attributes=attributes,
-    )
 
 
 def _add(a: float, b: float) -> float:
     return a + b
 
 
-_WANTED: dict[str, Callable[[float, float], float]] = {
-    names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING: _add,
-    names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING: _add,
-    names.PROMETHEUS_VLLM_KV_CACHE_USAGE: max,
-    names.PROMETHEUS_VLLM_GPU_CACHE_USAGE: max,
+# vLLM family -> (the sample read: its name's suffix, how the series combine). Counts are summed over
+# every series (model aliases, data-parallel engines); the KV-cache usage is the fullest engine's.
+_WANTED: dict[str, tuple[str, Callable[[float, float], float]]] = {
+    names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING: ("", _add),
+    names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING: ("", _add),
+    names.PROMETHEUS_VLLM_KV_CACHE_USAGE: ("", max),
+    names.PROMETHEUS_VLLM_GPU_CACHE_USAGE: ("", max),
+    names.PROMETHEUS_VLLM_NUM_PREEMPTIONS: ("_total", _add),
+    names.PROMETHEUS_VLLM_REQUEST_NUM_PREEMPTIONS: ("_sum", _add),  # a histogram: preemptions it counted
+    names.PROMETHEUS_VLLM_PREFIX_CACHE_QUERIES: ("_total", _add),
+    names.PROMETHEUS_VLLM_PREFIX_CACHE_HITS: ("_total", _add),
+    names.PROMETHEUS_VLLM_GPU_PREFIX_CACHE_QUERIES: ("_total", _add),
+    names.PROMETHEUS_VLLM_GPU_PREFIX_CACHE_HITS: ("_total", _add),
+    names.PROMETHEUS_VLLM_PROMPT_TOKENS: ("_total", _add),
+    names.PROMETHEUS_VLLM_PROMPT_TOKENS_CACHED: ("_total", _add),
+    names.PROMETHEUS_VLLM_ADMISSION_REJECTIONS: ("_total", _add),
 }
+_REASONS = (names.PROMETHEUS_VLLM_REASON_CAPACITY, names.PROMETHEUS_VLLM_REASON_DEFERRED)
+
+
+def _first(totals: Mapping[str, float], *candidates: str) -> float | None:
+    """The first of `candidates` the page had (a current name before the older one)."""
+    for name in candidates:
+        if name in totals:
+            return totals[name]
+    return None
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """One `/metrics` page reduced to what llmspans uses: the gauges, and the counters' totals at
+    `monotonic`, from which two consecutive reads make rates."""
+
+    waiting: int
+    running: int
+    kv_cache_usage: float | None
+    waiting_by_reason: Mapping[str, int]
+    preemptions: float | None
+    prefix_lookups: tuple[float, float] | None  # (tokens queried, tokens found)
+    admission_rejections: float | None
+    monotonic: float
+
+    @classmethod
+    def parse(cls, families: Iterable[Any], monotonic: float) -> _Reading:
+        totals: dict[str, float] = {}
+        by_reason: dict[str, float] = {}
+        for family in families:
+            if family.name == names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING_BY_REASON:
+                for sample in family.samples:
+                    reason = sample.labels.get("reason")
+                    if sample.name == family.name and reason in _REASONS and not math.isnan(sample.value):
+                        by_reason[reason] = by_reason.get(reason, 0.0) + sample.value
+                continue
+            wanted = _WANTED.get(family.name)
+            if wanted is None:
+                continue
+            suffix, combine = wanted
+            for sample in family.samples:
+                if sample.name != family.name + suffix or math.isnan(sample.value):
+                    continue
+                previous = totals.get(family.name)
+                totals[family.name] = sample.value if previous is None else combine(previous, sample.value)
+        waiting = totals.get(names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING)
+        running = totals.get(names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING)
+        if waiting is None or running is None:
+            raise _NotMetrics(
+                f"no {names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING} / {names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING} "
+                "gauges: is this a vLLM server?"
+            )
+        queries = _first(
+            totals, names.PROMETHEUS_VLLM_PREFIX_CACHE_QUERIES, names.PROMETHEUS_VLLM_GPU_PREFIX_CACHE_QUERIES
+        )
+        hits = _first(
+            totals, names.PROMETHEUS_VLLM_PREFIX_CACHE_HITS, names.PROMETHEUS_VLLM_GPU_PREFIX_CACHE_HITS
+        )
+        lookups = None if queries is None or hits is None else (queries, hits)
+        if lookups is None:  # 0.33 also counts the prompt tokens served from the cache
+            prompt = totals.get(names.PROMETHEUS_VLLM_PROMPT_TOKENS)
+            cached = totals.get(names.PROMETHEUS_VLLM_PROMPT_TOKENS_CACHED)
+            lookups = None if prompt is None or cached is None else (prompt, cached)
+        return cls(
+            waiting=round(waiting),
+            running=round(running),
+            kv_cache_usage=_first(
+                totals, names.PROMETHEUS_VLLM_KV_CACHE_USAGE, names.PROMETHEUS_VLLM_GPU_CACHE_USAGE
+            ),
+            waiting_by_reason={reason: round(count) for reason, count in by_reason.items()},
+            preemptions=_first(
+                totals, names.PROMETHEUS_VLLM_NUM_PREEMPTIONS, names.PROMETHEUS_VLLM_REQUEST_NUM_PREEMPTIONS
+            ),
+            prefix_lookups=lookups,
+            admission_rejections=totals.get(names.PROMETHEUS_VLLM_ADMISSION_REJECTIONS),
+            monotonic=monotonic,
+        )
+
+    def snapshot(self, previous: _Reading | None) -> ServerSnapshot:
+        """This read as a snapshot; the rates are over the time since `previous` (None: no rates)."""
+        elapsed = None if previous is None else self.monotonic - previous.monotonic
+        preemption_rate = rejection_rate = hit_ratio = None
+        if previous is not None and elapsed is not None and elapsed > 0:
+            preemption_rate = _rate(self.preemptions, previous.preemptions, elapsed)
+            rejection_rate = _rate(self.admission_rejections, previous.admission_rejections, elapsed)
+            if self.prefix_lookups is not None and previous.prefix_lookups is not None:
+                queried = self.prefix_lookups[0] - previous.prefix_lookups[0]
+                found = self.prefix_lookups[1] - previous.prefix_lookups[1]
+                if queried > 0 and 0 <= found <= queried:
+                    hit_ratio = found / queried
+        for_capacity = self.waiting_by_reason.get(names.PROMETHEUS_VLLM_REASON_CAPACITY)
+        deferred = self.waiting_by_reason.get(names.PROMETHEUS_VLLM_REASON_DEFERRED)
+        attributes: dict[str, AttributeValue] = {}
+        for attribute, value in (
+            (names.VLLM_NUM_REQUESTS_WAITING, self.waiting),
+            (names.VLLM_NUM_REQUESTS_RUNNING, self.running),
+            (names.VLLM_KV_CACHE_USAGE, self.kv_cache_usage),
+            (names.VLLM_PREEMPTION_RATE, preemption_rate),
+            (names.VLLM_PREFIX_CACHE_HIT_RATIO, hit_ratio),
+            (names.VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY, for_capacity),
+            (names.VLLM_NUM_REQUESTS_WAITING_DEFERRED, deferred),
+            (names.VLLM_ADMISSION_REJECTION_RATE, rejection_rate),
+        ):
+            if value is not None:
+                attributes[attribute] = value
+        return ServerSnapshot(
+            num_requests_waiting=self.waiting,
+            num_requests_running=self.running,
+            kv_cache_usage=self.kv_cache_usage,
+            sampled_at=time.time(),
+            monotonic=self.monotonic,
+            preemption_rate=preemption_rate,
+            prefix_cache_hit_ratio=hit_ratio,
+            num_requests_waiting_for_capacity=for_capacity,
+            num_requests_waiting_deferred=deferred,
+            admission_rejection_rate=rejection_rate,
+            attributes=attributes,
+        )
+
+
+def _rate(now: float | None, before: float | None, elapsed: float) -> float | None:
+    """Per second between two counter totals; None when either is missing or the counter went back
+    (the server restarted)."""
+    if now is None or before is None or now < before:
+        return None
+    return (now - before) / elapsed
+
 
 _live: set[_Sampler] = set()
 _live_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """At interpreter exit, end every sampling thread before the interpreter tears down."""
+    with _live_lock:
+        samplers = list(_live)
+    for sampler in samplers:
+        sampler.stopping.set()
+    for sampler in samplers:
+        sampler.stop()
 
 
 def _fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]]:
@@ -286,7 +484,7 @@ def _fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]
     readings: list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]] = []
     for sampler in samplers:
         snapshot = sampler.snapshot
-        if snapshot is not None and sampler.healthy:
+        if snapshot is not None and sampler.healthy and not sampler.abandoned:
             readings.append((snapshot, sampler.gauge_attributes))
     return readings
 
@@ -333,13 +531,18 @@ class ServerMetrics:
         interval = _seconds(interval, "interval")
         timeout = _seconds(timeout, "timeout")
         try:
-            import prometheus_client.parser  # noqa: F401
+            from prometheus_client.parser import text_string_to_metric_families
         except ImportError as error:
             raise ImportError(_INSTALL_HINT) from error
-        self._sampler = _Sampler(metrics_url, address, port, interval, timeout)
+        self._sampler = _Sampler(
+            metrics_url, address, port, interval, timeout, text_string_to_metric_families
+        )
         self._closed = False
         self._sampler.start()
-        self._finalizer = weakref.finalize(self, _Sampler.stop, self._sampler)
+        # Collection only flags the thread to end (see _Sampler); interpreter exit stops every
+        # sampler through _stop_all instead.
+        self._finalizer = weakref.finalize(self, _Sampler.abandon, self._sampler)
+        self._finalizer.atexit = False
 
     @property
     def metrics_url(self) -> str:
@@ -398,7 +601,8 @@ class ServerMetrics:
         if self._closed:
             return
         self._closed = True
-        self._finalizer()
+        self._finalizer.detach()
+        self._sampler.stop()
 
     def __enter__(self) -> ServerMetrics:
         return self

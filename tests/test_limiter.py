@@ -19,7 +19,7 @@ import pytest
 import llmspans
 from llmspans import _names as names
 from llmspans._limiter import _QUEUED, Admission, Limiter, LimiterTimeout, live_readings
-from llmspans.testing import Captured
+from llmspans.testing import Captured, settle
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -527,7 +527,8 @@ def test_release_is_idempotent_and_works_from_other_threads_and_finalisers() -> 
     thread.join()
     assert limiter.in_flight == 0
 
-    limiter.acquire()  # dropped without release: collected at once, the slot comes back
+    limiter.acquire()  # dropped without release: collected at once, the worker gives the slot back
+    assert settle()
     assert limiter.in_flight == 0
 
     class Owner:
@@ -541,6 +542,7 @@ def test_release_is_idempotent_and_works_from_other_threads_and_finalisers() -> 
     Owner(limiter.acquire())
     assert limiter.in_flight == 1  # kept alive by its cycle until the collector runs
     gc.collect()
+    assert settle()
     assert limiter.in_flight == 0
 
 

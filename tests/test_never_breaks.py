@@ -39,23 +39,25 @@ def broken(*args: Any, **kwargs: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("target", "attribute"),
+    ("target", "attribute", "attempt_spans"),
     [
-        (_call.CallRecord, "content_chunk"),
-        (_call.CallRecord, "set_usage"),
-        (_call.CallRecord, "_record_metrics"),
-        (_call.CallRecord, "buckets_ns"),
-        (_transport._AttemptScope, "on_trace_event"),
-        (_transport._AttemptScope, "_write_connection"),
+        (_call.CallRecord, "content_chunk", None),
+        (_call.CallRecord, "set_usage", None),
+        (_call.CallRecord, "_record_metrics", None),
+        (_call.CallRecord, "buckets_ns", None),
+        (_transport._AttemptScope, "on_trace_event", None),
+        (_transport, "_end_attempt_span", "always"),  # only an attempt that has a span gets there
     ],
 )
 def test_a_broken_hook_leaves_the_stream_intact(
     server: SimulatedServer, captured: Captured, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
-    target: type, attribute: str,
+    target: type, attribute: str, attempt_spans: str | None,
 ) -> None:  # fmt: skip
     expected = chunks_of(openai.OpenAI(base_url=server.base_url, api_key="k"))
     monkeypatch.setattr(target, attribute, broken)
-    client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="k"))
+    client = llmspans.instrument(
+        openai.OpenAI(base_url=server.base_url, api_key="k"), attempt_spans=attempt_spans
+    )
     with caplog.at_level(logging.WARNING, logger="llmspans"):
         assert chunks_of(client) == expected
         assert chunks_of(client) == expected

@@ -59,7 +59,7 @@ import httpx, openai, llmspans
 from llmspans import _guard
 from llmspans._simulator import Behavior, SimulatedServer
 
-llmspans.configure(service_name="privacy", traces_file=TRACES, **CONFIGURE)
+llmspans.configure(service_name="privacy", traces_file=TRACES, attempt_spans="always", **CONFIGURE)  # url.full scanned too
 S = SECRETS
 
 @llmspans.retrieval

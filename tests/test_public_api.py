@@ -25,7 +25,13 @@ def test_importing_llmspans_does_not_import_openai() -> None:
 
 
 def test_testing_module_exports() -> None:
-    assert set(llmspans.testing.__all__) == {"Captured", "MetricPoint", "capture", "llmspans_capture"}
+    assert set(llmspans.testing.__all__) == {
+        "Captured",
+        "MetricPoint",
+        "capture",
+        "llmspans_capture",
+        "settle",
+    }
 
 
 def test_capture_fixture_is_registered_as_a_plugin(llmspans_capture: llmspans.testing.Captured) -> None:

@@ -53,7 +53,9 @@ def test_soak_every_span_once_nothing_left_over_memory_flat() -> None:
     assert len(rounds) == ROUNDS
     for done in rounds:
         assert done["calls"] == STREAMS + THREADS * CALLS
-        assert done["spans_started"] == done["spans_ended"] == 2 * done["calls"]
+        assert (
+            done["spans_started"] == done["spans_ended"] == done["calls"]
+        )  # one attempt each: no attempt span
         assert done["peak_open_streams"] >= STREAMS * 0.98  # all at once, bar those cancelled before headers
         assert done["outcomes"]["cancelled"] > 0
         assert done["outcomes"]["abandoned"] > done["calls"] // 4

@@ -379,6 +379,7 @@ def test_finish_chunk_with_usage_transformers_serve_style() -> None:
         response_id="chatcmpl-abc",
         model="gpt-4o-mini-2024-07-18",
         finish_reasons=["stop"],
+        finish_indexes=[0],
         input_tokens=12,
         output_tokens=34,
     )
@@ -568,6 +569,7 @@ def test_responses_completed_with_usage() -> None:
         response_id="resp_123",
         model="gpt-4.1-2025-04-14",
         finish_reasons=["stop"],
+        finish_indexes=[0],
         input_tokens=37,
         output_tokens=11,
         cached_tokens=16,
@@ -600,7 +602,7 @@ def test_event_name_is_used_when_the_payload_has_no_type() -> None:
     info = classify("response.output_text.delta", json.dumps({"delta": "Hi"}))
     assert info == ChunkInfo(content=True, content_text="Hi")
     info = classify("response.completed", json.dumps({"response": None}))
-    assert info == ChunkInfo(finish_reasons=["stop"])
+    assert info == ChunkInfo(finish_reasons=["stop"], finish_indexes=[0])
 
 
 # --- classify_json_body -----------------------------------------------------------------------
@@ -632,6 +634,7 @@ def test_json_body_chat_completion() -> None:
         response_id="chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG",
         model="gpt-4o-2024-08-06",
         finish_reasons=["stop"],
+        finish_indexes=[0],
         input_tokens=1117,
         output_tokens=46,
         cached_tokens=0,
@@ -658,6 +661,7 @@ def test_json_body_text_completion() -> None:
         response_id="cmpl-xyz",
         model="gpt-3.5-turbo-instruct",
         finish_reasons=["length"],
+        finish_indexes=[0],
         input_tokens=5,
         output_tokens=7,
         content_text="\n\nThis is a test",
@@ -690,6 +694,7 @@ def test_json_body_responses_object() -> None:
         response_id="resp_123",
         model="gpt-4.1-2025-04-14",
         finish_reasons=["stop"],
+        finish_indexes=[0],
         input_tokens=37,
         output_tokens=11,
         cached_tokens=16,

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -32,7 +33,7 @@ from llmspans import _names as names
 from llmspans._simulator import SimulatedServer
 from llmspans.testing import Captured
 from llmspans.vllm import ServerMetrics, ServerSnapshot, looks_like_vllm
-from tests.support.vllm_sim import EngineConfig, OTLPReceiver, ReceivedSpan, VLLMSimulator
+from tests.support.vllm_sim import FAMILIES, EngineConfig, OTLPReceiver, ReceivedSpan, VLLMSimulator
 from tests.timing import retry_timing
 
 MODEL = EngineConfig().model
@@ -86,12 +87,12 @@ def only_call_span(captured: Captured) -> Any:
     return spans[0]
 
 
-def attempt_span_of(captured: Captured, call: Any) -> Any:
-    attempts = [
+def no_attempt_span_under(captured: Captured, call: Any) -> None:
+    """A call answered by its first attempt has no attempt span: the server's span is the call's child."""
+    children = [
         s for s in captured.spans if s.parent is not None and s.parent.span_id == call.context.span_id
     ]
-    assert len(attempts) == 1, [s.name for s in attempts]
-    return attempts[0]
+    assert children == [], [s.name for s in children]
 
 
 def server_spans(sim: VLLMSimulator, receiver: OTLPReceiver, count: int) -> list[ReceivedSpan]:
@@ -195,43 +196,7 @@ def test_models_are_owned_by_vllm_and_recognised() -> None:
         assert not looks_like_vllm(payload)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("metric_names", "cache_gauges", "itl_histograms"),
-    [
-        ("current", {"vllm:kv_cache_usage_perc"}, {"vllm:inter_token_latency_seconds"}),
-        ("legacy", {"vllm:gpu_cache_usage_perc"}, {"vllm:time_per_output_token_seconds"}),
-        (
-            "both",
-            {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
-            {"vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"},
-        ),
-    ],
-)
-def test_metrics_page_uses_vllm_names(
-    metric_names: str, cache_gauges: set[str], itl_histograms: set[str]
-) -> None:
-    with vllm(metric_names=metric_names) as sim:
-        raw_stream(sim, {"model": MODEL, "messages": ask(), "stream": True, "max_tokens": 2})
-        assert sim.wait_idle()
-        families = {f.name: f for f in text_string_to_metric_families(httpx.get(sim.url + "/metrics").text)}
-    gauges = {name for name, f in families.items() if f.type == "gauge" and not name.endswith("_created")}
-    assert gauges == {"vllm:num_requests_running", "vllm:num_requests_waiting"} | cache_gauges
-    histograms = {name for name, f in families.items() if f.type == "histogram"}
-    assert histograms == itl_histograms | {
-        "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
-        "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-    }  # fmt: skip
-    labels = families["vllm:num_requests_running"].samples[0].labels
-    assert labels == (
-        {"model_name": MODEL} if metric_names == "legacy" else {"model_name": MODEL, "engine": "0"}
-    )
-    ttft_count = next(
-        s for s in families["vllm:time_to_first_token_seconds"].samples if s.name.endswith("_count")
-    )
-    assert ttft_count.value == 1
-
-
-# --- one trace: the server's span under the attempt span --------------------------------------
+# --- one trace: the server's span under the call span -----------------------------------------
 
 
 def check_server_span(server: ReceivedSpan, record: Any, config: EngineConfig) -> None:
@@ -254,7 +219,7 @@ def check_server_span(server: ReceivedSpan, record: Any, config: EngineConfig) -
     assert attrs[names.GEN_AI_USAGE_PROMPT_TOKENS] == record.prompt_tokens
     assert attrs[names.GEN_AI_USAGE_COMPLETION_TOKENS] == record.target_tokens
     # ... and those stamps follow what the scheduler was told.
-    expected_prefill = record.prompt_tokens * config.prefill_per_token
+    expected_prefill = (record.prompt_tokens - record.cached_tokens) * config.prefill_per_token
     expected_decode = (record.target_tokens - 1) * config.decode_per_token
     assert expected_prefill - 0.001 <= prefill <= expected_prefill + TOLERANCE
     assert expected_decode - 0.001 <= decode <= expected_decode + TOLERANCE
@@ -265,7 +230,7 @@ def check_server_span(server: ReceivedSpan, record: Any, config: EngineConfig) -
 
 
 @retry_timing
-def test_server_span_is_a_child_of_the_attempt_span(receiver: OTLPReceiver, captured: Captured) -> None:
+def test_server_span_is_a_child_of_the_call_span(receiver: OTLPReceiver, captured: Captured) -> None:
     config = {"prefill_per_token": 0.002, "decode_per_token": 0.01}
     with vllm(receiver, **config) as sim:
         stream = client_for(sim).chat.completions.create(
@@ -275,10 +240,9 @@ def test_server_span_is_a_child_of_the_attempt_span(receiver: OTLPReceiver, capt
         (server,) = server_spans(sim, receiver, 1)
         (record,) = sim.requests
     call = only_call_span(captured)
-    attempt = attempt_span_of(captured, call)
-    assert attempt.name == "POST"
-    assert server.trace_id == hex_id(call.context.trace_id, 32) == hex_id(attempt.context.trace_id, 32)
-    assert server.parent_span_id == hex_id(attempt.context.span_id, 16)
+    no_attempt_span_under(captured, call)
+    assert server.trace_id == hex_id(call.context.trace_id, 32)
+    assert server.parent_span_id == hex_id(call.context.span_id, 16)
     assert server.service_name == "vllm"
     assert call.attributes[names.GEN_AI_PROVIDER_NAME] == names.PROVIDER_VLLM
     assert call.attributes[names.GEN_AI_RESPONSE_ID] == server.attributes[names.GEN_AI_REQUEST_ID]
@@ -289,8 +253,8 @@ def test_server_span_is_a_child_of_the_attempt_span(receiver: OTLPReceiver, capt
     assert attrs[names.GEN_AI_REQUEST_TEMPERATURE] == 0.5
     assert attrs[names.GEN_AI_REQUEST_TOP_P] == 0.9
     assert attrs[names.GEN_AI_REQUEST_N] == 1
-    # The server's time sits inside the attempt's (same machine, same wall clock).
-    assert attempt.start_time <= server.start_ns
+    # The server's time sits inside the call's (same machine, same wall clock).
+    assert call.start_time <= server.start_ns
     assert server.end_ns <= call.end_time
 
 
@@ -306,7 +270,8 @@ async def test_async_client_and_non_streamed_completion_are_linked_too(
         (server,) = server_spans(sim, receiver, 1)
     call = only_call_span(captured)
     assert completion.usage is not None
-    assert server.parent_span_id == hex_id(attempt_span_of(captured, call).context.span_id, 16)
+    no_attempt_span_under(captured, call)
+    assert server.parent_span_id == hex_id(call.context.span_id, 16)
     assert json.loads(server.attributes[names.GEN_AI_RESPONSE_FINISH_REASONS]) == ["stop"]
     # vLLM writes a sampling parameter only when it is truthy after its defaults.
     assert names.GEN_AI_REQUEST_TEMPERATURE not in server.attributes
@@ -330,7 +295,7 @@ def test_plain_httpx_client_is_linked_too(receiver: OTLPReceiver, captured: Capt
     call = only_call_span(captured)
     assert call.attributes[names.GEN_AI_PROVIDER_NAME] == names.PROVIDER_VLLM
     assert call.attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] == 5
-    assert server.parent_span_id == hex_id(attempt_span_of(captured, call).context.span_id, 16)
+    assert server.parent_span_id == hex_id(call.context.span_id, 16)
 
 
 @retry_timing
@@ -370,9 +335,7 @@ def test_queue_time_when_more_requests_than_max_num_seqs(receiver: OTLPReceiver,
     for request_id, server in by_id.items():
         first_token = call_by_id[request_id].attributes[names.BUCKET_PREFIX + "first_token"]
         assert first_token >= server.attributes[names.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN] - 0.002
-        assert server.parent_span_id == hex_id(
-            attempt_span_of(captured, call_by_id[request_id]).context.span_id, 16
-        )
+        assert server.parent_span_id == hex_id(call_by_id[request_id].context.span_id, 16)
 
 
 # --- usage chunks into the call span ------------------------------------------------------------
@@ -524,7 +487,7 @@ def test_samples_the_scheduler_state() -> None:
 
 
 def test_falls_back_to_the_older_gpu_cache_gauge() -> None:
-    config = {"metric_names": "legacy", "max_num_seqs": 1, "decode_per_token": 0.1, "num_kv_blocks": 4}
+    config = {"version": FAMILIES["0.8/0.9"], "max_num_seqs": 1, "decode_per_token": 0.1, "num_kv_blocks": 4}
     with vllm(**config) as sim, load(sim, 1, max_tokens=5):
         assert sim.wait_for_state(lambda waiting, running: running == 1)
         with ServerMetrics(sim.url, interval=0.05) as sampler:
@@ -587,17 +550,242 @@ def test_counts_are_summed_over_series_and_kv_cache_is_the_fullest_engine(static
     assert attributes[names.VLLM_KV_CACHE_USAGE] == 0.75  # the current gauge wins over the older one
 
 
+@contextmanager
+def traffic(sim: VLLMSimulator, prompt: str = "one two three") -> Iterator[None]:
+    """Short requests one after another from an uninstrumented thread, until the block ends, so
+    every sampling interval sees prompts looked up in the prefix cache."""
+    done = threading.Event()
+    body = {"model": MODEL, "messages": ask(prompt), "max_tokens": 1}
+
+    def loop() -> None:
+        with httpx.Client(base_url=sim.base_url, timeout=10) as plain:
+            while not done.is_set():
+                plain.post("/chat/completions", json=body)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(10)
+
+
+BASE_SAMPLE = {
+    names.VLLM_NUM_REQUESTS_WAITING, names.VLLM_NUM_REQUESTS_RUNNING, names.VLLM_KV_CACHE_USAGE,
+    names.VLLM_METRICS_AGE,
+}  # fmt: skip
+PREEMPTION, PREFIX_RATIO = {names.VLLM_PREEMPTION_RATE}, {names.VLLM_PREFIX_CACHE_HIT_RATIO}
+ONLY_0_33 = {
+    names.VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY, names.VLLM_NUM_REQUESTS_WAITING_DEFERRED,
+    names.VLLM_ADMISSION_REJECTION_RATE,
+}  # fmt: skip
+# (family, tracing) -> the span attributes a sampler of that server gives, under steady traffic
+SAMPLED: dict[tuple[str, bool], set[str]] = {
+    ("0.8/0.9", True): BASE_SAMPLE | PREEMPTION,  # the older engine: no prefix-cache counters
+    ("0.8/0.9", False): BASE_SAMPLE | PREFIX_RATIO,  # gpu_prefix_cache_*, no preemption counter yet
+    ("0.10", True): BASE_SAMPLE | PREEMPTION,
+    ("0.10", False): BASE_SAMPLE | PREEMPTION | PREFIX_RATIO,
+    ("0.11", True): BASE_SAMPLE | PREEMPTION | PREFIX_RATIO,
+    ("0.12/0.13", False): BASE_SAMPLE | PREEMPTION | PREFIX_RATIO,
+    ("0.33", False): BASE_SAMPLE | PREEMPTION | PREFIX_RATIO | ONLY_0_33,
+}
+
+
+@pytest.mark.parametrize(
+    "page", list(SAMPLED), ids=lambda key: f"{key[0]}-{'tracing' if key[1] else 'no-tracing'}"
+)
+def test_the_sampler_reads_what_each_release_exposes(
+    page: tuple[str, bool], receiver: OTLPReceiver, captured: Captured
+) -> None:
+    family, tracing = page
+    expected = SAMPLED[page]
+    seen: set[str] = set()
+    with (
+        vllm(receiver if tracing else None, version=FAMILIES[family]) as sim,
+        traffic(sim),
+        ServerMetrics(sim.base_url, interval=0.05) as sampler,
+    ):
+
+        def complete() -> bool:
+            seen.update(sampler.span_attributes())
+            return expected <= seen
+
+        eventually(complete)
+        for _ in range(5):
+            assert sampler.wait_for_sample(1.0)
+            seen.update(sampler.span_attributes())
+        gauges = {p.name for p in captured.metric_points() if p.name.startswith("vllm.")}
+    assert seen == expected
+    assert gauges <= expected - {names.VLLM_METRICS_AGE}
+
+
 def test_gauges_are_exported_with_the_server_address(captured: Captured) -> None:
-    with vllm() as sim, ServerMetrics(sim.base_url, interval=0.05) as sampler:
-        assert sampler.wait_for_sample(1.0)
-        points = {p.name: p for p in captured.metric_points() if p.name.startswith("vllm.")}
-    assert set(points) == {
+    every_gauge = {
         names.METRIC_VLLM_NUM_REQUESTS_WAITING, names.METRIC_VLLM_NUM_REQUESTS_RUNNING,
-        names.METRIC_VLLM_KV_CACHE_USAGE,
+        names.METRIC_VLLM_KV_CACHE_USAGE, names.METRIC_VLLM_PREEMPTION_RATE, names.METRIC_VLLM_PREFIX_CACHE_HIT_RATIO,
+        names.METRIC_VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY, names.METRIC_VLLM_NUM_REQUESTS_WAITING_DEFERRED,
+        names.METRIC_VLLM_ADMISSION_REJECTION_RATE,
     }  # fmt: skip
+    points: dict[str, Any] = {}
+    with vllm(version=FAMILIES["0.33"]) as sim, traffic(sim), ServerMetrics(sim.base_url, interval=0.05):
+
+        def all_exported() -> bool:
+            points.update({p.name: p for p in captured.metric_points() if p.name.startswith("vllm.")})
+            return set(points) == every_gauge
+
+        eventually(all_exported)
     for point in points.values():
-        assert point.value == 0
         assert dict(point.attributes) == {names.SERVER_ADDRESS: "127.0.0.1", names.SERVER_PORT: sim.port}
+    assert points[names.METRIC_VLLM_PREFIX_CACHE_HIT_RATIO].unit == "1"
+    assert points[names.METRIC_VLLM_PREEMPTION_RATE].unit == "{preemption}/s"
+
+
+def reading(page: str, at: float) -> Any:
+    from llmspans.vllm import _Reading
+
+    return _Reading.parse(text_string_to_metric_families(page), at)
+
+
+COUNTERS_AT = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="a"}} 1.0
+vllm:num_requests_running{{engine="1",model_name="a"}} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="a"}} 3.0
+vllm:num_requests_waiting{{engine="1",model_name="a"}} 1.0
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{{engine="0",model_name="a",reason="capacity"}} 2.0
+vllm:num_requests_waiting_by_reason{{engine="0",model_name="a",reason="deferred"}} 1.0
+vllm:num_requests_waiting_by_reason{{engine="1",model_name="a",reason="capacity"}} 1.0
+vllm:num_requests_waiting_by_reason{{engine="1",model_name="a",reason="deferred"}} 0.0
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{engine="0",model_name="a"}} {preemptions}
+vllm:num_preemptions_total{{engine="1",model_name="a"}} 1.0
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="a"}} {queries}
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="a"}} {hits}
+# TYPE vllm:admission_rejections_total counter
+vllm:admission_rejections_total{{engine="0",model_name="a"}} {rejections}
+"""
+
+
+def test_rates_and_the_ratio_are_over_the_time_between_two_reads() -> None:
+    first = reading(COUNTERS_AT.format(preemptions=2, queries=100, hits=40, rejections=0), 10.0)
+    second = reading(COUNTERS_AT.format(preemptions=6, queries=300, hits=90, rejections=4), 12.0)
+    alone = first.snapshot(None)
+    assert (alone.preemption_rate, alone.prefix_cache_hit_ratio, alone.admission_rejection_rate) == (
+        None,
+        None,
+        None,
+    )
+    snapshot = second.snapshot(first)
+    assert snapshot.preemption_rate == 2.0  # (6 + 1 - 2 - 1) / 2 s, summed over the engines
+    assert snapshot.prefix_cache_hit_ratio == 0.25  # 50 of 200 tokens
+    assert snapshot.admission_rejection_rate == 2.0
+    assert (snapshot.num_requests_waiting_for_capacity, snapshot.num_requests_waiting_deferred) == (3, 1)
+    assert snapshot.num_requests_waiting == 4
+    assert snapshot.attributes[names.VLLM_PREEMPTION_RATE] == 2.0
+    assert snapshot.attributes[names.VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY] == 3
+    # Nothing looked up: no ratio (rather than a stale one); a counter that went back (a restart): no rate.
+    quiet = reading(COUNTERS_AT.format(preemptions=6, queries=300, hits=90, rejections=4), 13.0).snapshot(
+        second
+    )
+    assert quiet.prefix_cache_hit_ratio is None
+    assert quiet.preemption_rate == 0.0
+    assert names.VLLM_PREFIX_CACHE_HIT_RATIO not in quiet.attributes
+    restarted = reading(COUNTERS_AT.format(preemptions=0, queries=10, hits=5, rejections=0), 14.0)
+    after_restart = restarted.snapshot(second)
+    assert (after_restart.preemption_rate, after_restart.prefix_cache_hit_ratio) == (None, None)
+    assert after_restart.admission_rejection_rate is None
+
+
+OLDER_AND_0_33_SOURCES = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{model_name="a"}} 0.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{model_name="a"}} 0.0
+# TYPE vllm:{prefix}prefix_cache_queries_total counter
+vllm:{prefix}prefix_cache_queries_total{{model_name="a"}} {queries}
+# TYPE vllm:{prefix}prefix_cache_hits_total counter
+vllm:{prefix}prefix_cache_hits_total{{model_name="a"}} {hits}
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{model_name="a"}} {queries}
+# TYPE vllm:prompt_tokens_cached_total counter
+vllm:prompt_tokens_cached_total{{model_name="a"}} {cached}
+# HELP vllm:request_num_preemptions Number of preemptions per finished request.
+# TYPE vllm:request_num_preemptions histogram
+vllm:request_num_preemptions_bucket{{le="1.0",model_name="a"}} 0.0
+vllm:request_num_preemptions_bucket{{le="+Inf",model_name="a"}} {finished}
+vllm:request_num_preemptions_count{{model_name="a"}} {finished}
+vllm:request_num_preemptions_sum{{model_name="a"}} {preempted}
+"""
+
+
+@pytest.mark.parametrize(
+    ("prefix", "expected_ratio"),
+    [("gpu_", 0.5), ("", 0.5), ("none", 0.25)],
+    ids=["gpu_-prefixed counters before 0.9.2", "prefix_cache counters", "prompt_tokens_cached of 0.33"],
+)
+def test_each_source_of_the_ratio_and_of_preemptions(prefix: str, expected_ratio: float) -> None:
+    def page(queries: int, hits: int, cached: int, finished: int, preempted: int) -> str:
+        text = OLDER_AND_0_33_SOURCES.format(
+            prefix="" if prefix == "none" else prefix, queries=queries, hits=hits, cached=cached,
+            finished=finished, preempted=preempted,
+        )  # fmt: skip
+        if prefix == "none":  # a page without the prefix-cache counters
+            text = "\n".join(line for line in text.splitlines() if "prefix_cache" not in line) + "\n"
+        return text
+
+    before = reading(page(100, 10, 10, 1, 0), 1.0)
+    after = reading(page(200, 60, 35, 3, 4), 3.0).snapshot(before)
+    assert after.prefix_cache_hit_ratio == expected_ratio
+    assert after.preemption_rate == 2.0  # the histogram's sum: 4 preemptions of finished requests in 2 s
+    assert after.kv_cache_usage is None
+    assert after.num_requests_waiting_for_capacity is None
+
+
+def test_the_thread_computes_rates_between_its_own_reads(static_metrics: Any) -> None:
+    static_metrics.page = COUNTERS_AT.format(preemptions=2, queries=100, hits=40, rejections=0)
+    with ServerMetrics(static_metrics.url, interval=0.05) as sampler:
+        assert sampler.wait_for_sample(1.0)
+        first = sampler.snapshot
+        static_metrics.page = COUNTERS_AT.format(preemptions=12, queries=100, hits=40, rejections=0)
+        eventually(lambda: sampler.snapshot is not None and (sampler.snapshot.preemption_rate or 0) > 0)
+        second = sampler.snapshot
+    assert first is not None
+    assert second is not None
+    assert second.preemption_rate == pytest.approx(10 / (second.monotonic - first.monotonic))
+    assert second.prefix_cache_hit_ratio is None  # no lookups in that interval
+
+
+def test_kv_pressure_shows_as_preemptions_on_the_call_span(captured: Captured) -> None:
+    """Requests whose caches outgrow the server's blocks: calls admitted meanwhile carry a KV-cache
+    usage near full and a rising preemption rate."""
+    config = {
+        "version": FAMILIES["0.33"], "max_num_seqs": 4, "block_size": 4, "num_kv_blocks": 16,
+        "decode_per_token": 0.005, "enable_prefix_caching": False,
+    }  # fmt: skip
+    with vllm(**config) as sim, ServerMetrics(sim.base_url, interval=0.02) as sampler:
+        client = client_for(sim, server_metrics=sampler)
+
+        def call() -> None:
+            client.chat.completions.create(model=MODEL, messages=ask("a"), max_tokens=1)
+
+        with load(sim, 16, max_tokens=40):  # about a second of pressure
+            calls = [threading.Thread(target=call) for _ in range(40)]
+            for thread in calls:  # the app keeps calling while the server is under pressure
+                thread.start()
+                time.sleep(0.015)
+            for thread in calls:
+                thread.join(20)
+        preemptions = sum(r.preemptions for r in sim.requests)
+    stamped = [dict(span.attributes) for span in call_spans(captured)]
+    assert len(stamped) == 40
+    assert preemptions > 0
+    assert any(s.get(names.VLLM_PREEMPTION_RATE, 0) > 0 for s in stamped)
+    assert any(s[names.VLLM_KV_CACHE_USAGE] >= 0.875 for s in stamped)
 
 
 def test_dead_metrics_endpoint_changes_nothing_for_the_app(
@@ -709,8 +897,6 @@ def test_sampler_stops_on_close_on_collection_and_is_harmless_to_close_twice() -
 
 
 def test_interpreter_exit_is_prompt_and_quiet_with_a_sampler_left_open() -> None:
-    import subprocess
-
     with vllm() as sim:
         code = (
             "import time\n"
@@ -727,6 +913,133 @@ def test_interpreter_exit_is_prompt_and_quiet_with_a_sampler_left_open() -> None
     assert out.stdout.split() == ["0"]
     assert "Traceback" not in out.stderr
     assert elapsed < 10  # the interpreter's start-up dominates; the samplers add at most one timeout
+
+
+# --- the sampling thread never disturbs the app ----------------------------------------------------
+
+FIRST_CALL = """
+import sys
+import openai
+import llmspans
+
+client = llmspans.instrument(
+    openai.OpenAI(base_url=sys.argv[1], api_key="sk-test", max_retries=0), provider="vllm", server_metrics=True
+)
+client.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+"""
+
+
+def test_the_first_call_right_after_instrument_succeeds_in_every_fresh_process() -> None:
+    """The sampler thread used to `import httpx` while the app's first request ran; the openai 3.x
+    SDK looks `httpx` up in `sys.modules` and failed on the half-imported module in about one
+    fresh process in five. Only a fresh process has never imported it, hence one per try."""
+    tries = 25
+    failures: list[str] = []
+    with vllm() as sim:
+        for _ in range(tries):
+            out = subprocess.run(
+                [sys.executable, "-c", FIRST_CALL, sim.base_url, MODEL],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if out.returncode != 0:
+                failures.append(
+                    out.stderr.strip().splitlines()[-1] if out.stderr.strip() else str(out.returncode)
+                )
+        assert sim.wait_idle()
+        calls = [r for r in sim.requests if r.path == "/v1/chat/completions"]
+    assert failures == [], f"{len(failures)} of {tries} fresh processes failed their first call"
+    assert len(calls) == tries
+
+
+THREAD_IMPORTS = """
+import json, socket, sys, threading
+
+imports = {}
+
+
+def audit(event, args):
+    if event == "import":
+        imports.setdefault(threading.current_thread().name, []).append(args[0])
+
+
+sys.addaudithook(audit)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from llmspans import _metrics
+
+# The vLLM gauges' callback, collected from a thread of its own as a periodic reader does.
+reader = InMemoryMetricReader()
+_metrics.SdkRecorder(MeterProvider(metric_readers=[reader]).get_meter("t"))
+collector = threading.Thread(target=reader.get_metrics_data, name="collector")
+collector.start()
+collector.join()
+
+from llmspans.vllm import ServerMetrics
+
+silent = socket.socket()  # accepts connections, never answers: every read times out
+silent.bind(("127.0.0.1", 0))
+silent.listen()
+closed = socket.socket()
+closed.bind(("127.0.0.1", 0))
+targets = [sys.argv[1], sys.argv[2], sys.argv[3]]
+targets += ["http://127.0.0.1:%d" % s.getsockname()[1] for s in (silent, closed)]
+closed.close()
+for url in targets:
+    with ServerMetrics(url, interval=0.02, timeout=0.1) as sampler:
+        sampler.wait_for_sample(0.3)
+        sampler.wait_for_sample(0.3)
+print(json.dumps(imports))
+"""
+
+
+def test_the_sampling_thread_and_the_gauge_callback_import_nothing(static_metrics: Any) -> None:
+    """Whatever the sampler thread needs is imported before it starts, on every path it takes
+    (a good page, HTTP 404, a page that is not vLLM's, a read timeout, a refused connection),
+    and the gauges' callback, which runs in the metric reader's thread, imports nothing either."""
+    static_metrics.page = "# not vLLM's metrics\nup 1\n"
+    with vllm() as sim, SimulatedServer() as plain:
+        out = subprocess.run(
+            [sys.executable, "-c", THREAD_IMPORTS, sim.url, plain.url, static_metrics.url],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        scrapes = len(sim.scrapes)
+    assert out.returncode == 0, out.stderr
+    imports = json.loads(out.stdout)
+    assert imports.get(SAMPLER_THREAD, []) == []
+    assert [name for name in imports.get("collector", []) if name.startswith("llmspans")] == []
+    assert "llmspans.vllm" in imports["MainThread"]  # the audit hook saw the imports there
+    assert scrapes >= 2
+
+
+COLLECTED_UNDER_LOCK = """
+import sys, threading
+from llmspans import vllm
+
+sampler = vllm.ServerMetrics(sys.argv[1], interval=0.05)
+assert sampler.wait_for_sample(5.0)
+(thread,) = [t for t in threading.enumerate() if t.name == "llmspans-vllm-metrics"]
+with vllm._live_lock:  # garbage collection may run a finalizer while this thread holds the lock
+    del sampler
+thread.join(2)
+print("ended" if not thread.is_alive() else "running")
+"""
+
+
+def test_a_collected_sampler_is_ended_without_a_lock_in_its_finalizer() -> None:
+    """The finalizer only flags the thread: collecting a ServerMetrics while the same thread
+    holds the sampler registry's lock neither deadlocks nor leaves the thread running."""
+    with vllm() as sim:
+        out = subprocess.run(
+            [sys.executable, "-c", COLLECTED_UNDER_LOCK, sim.base_url],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ended"]
 
 
 def test_span_attributes_is_safe_from_many_threads_while_sampling(static_metrics: Any) -> None:

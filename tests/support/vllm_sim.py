@@ -1,14 +1,32 @@
-"""A simulated vLLM OpenAI-compatible server, and an OTLP/HTTP receiver for its traces.
+"""A simulated vLLM OpenAI-compatible server, release by release, and an OTLP/HTTP trace receiver.
 
-vLLM needs CUDA, so tests talk to this instead. What it reproduces, from vLLM's own sources
-(V1 engine, 0.10-0.11 era; see ../shared/components.md):
+vLLM needs CUDA, so tests talk to this instead. It stands on the simulator's HTTP core
+(`llmspans._simulator.HTTPCore`) and adds what a vLLM server does, from vLLM's own sources
+(../shared/components.md, "vLLM release families"):
 
-- **A scheduler**: at most `max_num_seqs` requests run at once; the rest wait in one FIFO queue,
-  so queue time is real. A request is granted a slot the moment one frees (that is its
-  `scheduled_ts`), prefills for `prompt_tokens * prefill_per_token` seconds (its first token is
-  due then), then decodes one token every `decode_per_token` seconds. Running requests do not
-  slow each other down (a real batch does, a little). KV-cache blocks are held per running
-  request, `ceil((prompt + generated) / block_size)` of `num_kv_blocks`.
+- **A release knob.** `EngineConfig(version="0.11.0")` serves what that release serves; `FAMILIES`
+  names one release per family the tests run across. With tracing on (`otlp_traces_endpoint`),
+  0.8.5 to 0.10.x run the **older engine** (`--otlp-traces-endpoint` forces it): its metrics carry
+  only the `model_name` label, its `llm_request` span has no prefill/decode/inference attributes
+  and no finish reasons, and its `time_in_queue` counts from the arrival. Otherwise, and from 0.11
+  with tracing, the **newer engine** runs: labels `model_name` and `engine`, and its span has
+  prefill, decode and inference, with the queue time counted from when the engine queued the
+  request. See `Release` for each metric's releases.
+- **A scheduler**: a request first spends `frontend_delay` in the front end (tokenising, chat
+  template), then waits in one FIFO queue; it is admitted while fewer than `max_num_seqs` run and
+  its KV-cache blocks fit in `num_kv_blocks` (`block_size` tokens each; full prompt blocks are
+  shared between requests with the same prefix). It prefills its uncached prompt tokens at
+  `prefill_per_token`, then decodes one token every `decode_per_token`. When a running request
+  needs a block and none is free, the latest admitted request is **preempted**: its blocks are
+  freed, it goes back to the head of the queue and recomputes its prompt and output when
+  admitted again. A request asking for structured output (`response_format` of type
+  `json_schema`/`json_object`, or `guided_json`) is **deferred** for `grammar_compile_time`
+  while its grammar compiles; the scheduler skips it meanwhile. From 0.33, `max_waiting` caps the
+  queue: a request arriving at a full queue is rejected (HTTP 503) and counted.
+- **The prefix cache** (the newer engine's default; `enable_prefix_caching` overrides): the
+  prompt's full blocks are remembered by content (least recently used out first, at most
+  `num_kv_blocks`); an admitted request's leading blocks found there are not prefilled again
+  (at least one prompt token always is, as in vLLM).
 - **Streaming as vLLM does it**: response headers at once; at the first token a role chunk
   (`{"role": "assistant", "content": ""}`) then the first token's chunk; then a chunk every
   `stream_interval` tokens (vLLM's `--stream-interval`), the last one carrying `finish_reason`
@@ -17,19 +35,15 @@ vLLM needs CUDA, so tests talk to this instead. What it reproduces, from vLLM's 
   chunk reports 0 completion tokens). Then `data: [DONE]`. `stream_options` without `stream`
   is a 400, as in vLLM. Legacy `/v1/completions` streams the same way without the role chunk.
 - **`/v1/models`** lists the served model `owned_by: "vllm"`.
-- **`/metrics`**: Prometheus text written by `prometheus_client` (as vLLM's is) with vLLM's
-  names and buckets, labels `model_name` and `engine`. `metric_names="legacy"` serves the names
-  of vLLM before 0.9 (`vllm:gpu_cache_usage_perc`, `vllm:time_per_output_token_seconds`, no
-  `engine` label), `"both"` the transition releases that served old and new side by side.
+- **`/metrics`**: Prometheus text written by `prometheus_client` (as vLLM's is) with the
+  release's names, labels and buckets.
 - **Tracing** (`otlp_traces_endpoint`, a full OTLP/HTTP traces URL): the incoming W3C
-  `traceparent`/`tracestate` is extracted and, when the request finishes (before its last
-  chunk is written), one `llm_request` SERVER span is exported, start time backdated to the
-  arrival, with vLLM's `gen_ai.latency.*` attributes computed the way vLLM computes them.
-  `gen_ai.request.top_p`/`temperature`/`n`/`max_tokens` follow vLLM's "when set": after
-  vLLM's defaults (top_p 1.0, temperature 1.0, n 1) are applied, a value is written when it
-  is truthy, so `temperature=0` is absent and `max_tokens` appears only when the request had it.
-  The span has its own TracerProvider (never the global one) and a BatchSpanProcessor with
-  the OTLP/HTTP protobuf exporter; `flush_traces()` pushes what is pending.
+  `traceparent`/`tracestate` is extracted and, when a request **finishes** (before its last chunk
+  is written), one `llm_request` SERVER span is exported, start time backdated to the arrival,
+  with the engine's `gen_ai.latency.*` attributes computed as that engine computes them. An
+  aborted request makes no span. The span has its own TracerProvider (never the global one) and
+  a BatchSpanProcessor with the OTLP/HTTP protobuf exporter; `flush_traces()` pushes what is
+  pending.
 
 All monotonic stamps on `EngineRequest` are `time.perf_counter()` seconds in this process, so
 in-process tests compare them with their own clock. Bound to 127.0.0.1 only.
@@ -37,36 +51,50 @@ in-process tests compare them with their own clock. Bound to 127.0.0.1 only.
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import gzip
 import itertools
 import json
 import math
-import socket
 import threading
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import Any
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from llmspans._simulator import _DONE_FRAME, _TERMINATOR, _count_words, _dumps, _sse, _token
+from llmspans._simulator import _DONE_FRAME, Exchange, HTTPCore, _dumps, _sse, _token
 
-__all__ = ["EngineConfig", "EngineRequest", "OTLPReceiver", "ReceivedSpan", "Scrape", "VLLMSimulator"]
+__all__ = [
+    "FAMILIES",
+    "EngineConfig",
+    "EngineRequest",
+    "OTLPReceiver",
+    "ReceivedSpan",
+    "Release",
+    "Scrape",
+    "VLLMSimulator",
+]
 
 _HOST = "127.0.0.1"
-MetricNames = Literal["current", "legacy", "both"]
+
+# One release per family the tests run across (components.md, "vLLM release families").
+FAMILIES: dict[str, str] = {
+    "0.8/0.9": "0.9.1",
+    "0.10": "0.10.1",
+    "0.11": "0.11.0",
+    "0.12/0.13": "0.13.0",
+    "0.33": "0.33.0",
+}
 
 # vLLM's histogram buckets (vllm/v1/metrics/loggers.py).
 _TTFT_BUCKETS = (
@@ -74,29 +102,89 @@ _TTFT_BUCKETS = (
     80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
 _ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
 _REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
     960.0, 1920.0, 7680.0,
+)  # fmt: skip
+_TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+_PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        parts = tuple(int(part) for part in text.split("."))
+    except ValueError:
+        parts = ()
+    if len(parts) < 2:
+        raise ValueError(f"version must be a vLLM release such as '0.11.0', got {text!r}")
+    return parts
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one vLLM release serves, with tracing on or off; every boundary is components.md's."""
+
+    version: tuple[int, ...]
+    tracing: bool
+
+    @property
+    def older_engine(self) -> bool:
+        """0.8.5 to 0.10.x with `--otlp-traces-endpoint`: the engine before V1."""
+        return self.tracing and self.version < (0, 11)
+
+    @property
+    def labelnames(self) -> tuple[str, ...]:
+        return ("model_name",) if self.older_engine else ("model_name", "engine")
+
+    @property
+    def prefix_caching_by_default(self) -> bool:
+        return not self.older_engine
+
+    def serves(self, name: str) -> bool:
+        """Whether `/metrics` has this family (by its vLLM name, `vllm:` prefix included)."""
+        v, older = self.version, self.older_engine
+        if name in _ALWAYS:
+            return True
+        if name == "vllm:gpu_cache_usage_perc":  # 0.11 hides it behind --show-hidden-metrics-for-version
+            return older or v < (0, 11)
+        if name == "vllm:kv_cache_usage_perc":
+            return not older and v >= (0, 9, 2)
+        if name == "vllm:num_preemptions":  # the older engine always had it
+            return older or v >= (0, 9, 2)
+        if name in ("vllm:gpu_prefix_cache_queries", "vllm:gpu_prefix_cache_hits"):  # renamed in 0.9.2
+            return not older and v < (0, 11)
+        if name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
+            return not older and v >= (0, 9, 2)
+        if name == "vllm:time_per_output_token_seconds":  # deprecated in 0.11, hidden from 0.12
+            return older or v < (0, 12)
+        if name == "vllm:inter_token_latency_seconds":
+            return not older and v >= (0, 11)
+        if name == "vllm:request_prefill_kv_computed_tokens":
+            return not older and v >= (0, 13)
+        if name in _FROM_0_33:
+            return not older and v >= (0, 33)
+        raise ValueError(f"unknown vLLM metric {name!r}")
+
+    @property
+    def admission_control(self) -> bool:
+        return self.serves("vllm:admission_rejections")
+
+
+_ALWAYS = frozenset(
+    {
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens",
+        "vllm:generation_tokens", "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds", "vllm:request_inference_time_seconds",
+        "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+    }
+)  # fmt: skip
+_FROM_0_33 = frozenset(
+    {
+        "vllm:request_num_preemptions", "vllm:prompt_tokens_cached", "vllm:num_requests_waiting_by_reason",
+        "vllm:admission_rejections",
+    }
 )  # fmt: skip
 
 
@@ -105,7 +193,9 @@ class EngineConfig:
     """What `vllm serve` would have been started with, plus the simulated speeds."""
 
     model: str = "sim-vllm-model"
+    version: str = FAMILIES["0.12/0.13"]
     max_num_seqs: int = 4
+    frontend_delay: float = 0.0
     prefill_per_token: float = 0.001
     decode_per_token: float = 0.01
     default_output_tokens: int = 8  # generated (finish "stop") when the request sets no max_tokens
@@ -113,7 +203,11 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int = 64
     stream_interval: int = 1
-    metric_names: MetricNames = "current"
+    enable_prefix_caching: bool | None = None  # None: the engine's default
+    grammar_compile_time: float = 0.05
+    max_waiting: int | None = None  # from 0.33: requests past this many waiting are rejected
+    scheduler_step: float = 0.0002  # the older engine's scheduler time per step of a request
+    collect_detailed_traces: bool = False  # --collect-detailed-traces model,worker (older engine)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "default_output_tokens", "max_model_len", "block_size", "num_kv_blocks"):
@@ -122,12 +216,23 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not isinstance(self.stream_interval, int) or self.stream_interval < 1:
             raise ValueError(f"stream_interval must be a positive int, got {self.stream_interval!r}")
-        for name in ("prefill_per_token", "decode_per_token"):
+        for name in (
+            "frontend_delay", "prefill_per_token", "decode_per_token", "grammar_compile_time", "scheduler_step",
+        ):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number of seconds, got {value!r}")
-        if self.metric_names not in ("current", "legacy", "both"):
-            raise ValueError(f"metric_names must be 'current', 'legacy' or 'both', got {self.metric_names!r}")
+        _version(self.version)
+        if self.max_waiting is not None:
+            if not isinstance(self.max_waiting, int) or self.max_waiting < 0:
+                raise ValueError(f"max_waiting must be None or a non-negative int, got {self.max_waiting!r}")
+            if _version(self.version) < (0, 33):
+                raise ValueError(
+                    f"max_waiting needs admission control, which vLLM has from 0.33, not {self.version}"
+                )
+
+    def release(self, tracing: bool) -> Release:
+        return Release(_version(self.version), tracing)
 
 
 @dataclass(kw_only=True)
@@ -139,13 +244,14 @@ class EngineRequest:
     headers: dict[str, str]
     body: dict[str, Any]
     stream: bool
-    prompt_tokens: int
+    words: list[str] = field(repr=False)  # the prompt's tokens, one per word
     max_tokens: int | None
     target_tokens: int
     arrival_time: float  # wall clock, as vLLM's `arrival_time`
     arrival: float  # the same instant on the monotonic clock
+    deferred_until: float | None = None  # while its grammar compiles
     queued_ts: float | None = None
-    scheduled_ts: float | None = None
+    scheduled_ts: float | None = None  # first admission
     first_token_ts: float | None = None
     last_token_ts: float | None = None
     finished_ts: float | None = None
@@ -153,6 +259,21 @@ class EngineRequest:
     chunk_sent: list[float] = field(default_factory=list)  # after each content chunk's write
     chunk_tokens: list[int] = field(default_factory=list)  # tokens carried by each content chunk
     finish_reason: str | None = None
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at the first admission
+    preemptions: int = 0
+    recomputes: list[tuple[float, int]] = field(default_factory=list)  # (readmitted at, tokens to compute)
+    steps: int = 0  # engine steps that computed something for this request
+    compute_time: float = 0.0  # seconds of those steps (prefills and decodes)
+    # The engine's view while it runs: when it was last admitted, how many tokens that admission
+    # computes before the next token, and its full prompt blocks (shared by content).
+    admissions: int = field(default=0, repr=False)
+    admitted_ts: float | None = field(default=None, repr=False)
+    to_compute: int = field(default=0, repr=False)
+    prompt_blocks: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.words)
 
     @property
     def generated(self) -> int:
@@ -160,6 +281,7 @@ class EngineRequest:
 
     @property
     def time_in_queue(self) -> float:
+        """The newer engine's: from when the engine queued the request to its first admission."""
         assert self.scheduled_ts is not None
         assert self.queued_ts is not None
         return self.scheduled_ts - self.queued_ts
@@ -180,159 +302,292 @@ class _Stopped(Exception):
 
 
 class _Engine:
-    """The scheduler: a FIFO waiting queue and at most `max_num_seqs` running requests."""
+    """The scheduler, the KV-cache blocks and the prefix cache (see the module docstring)."""
 
-    def __init__(self, config: EngineConfig, stopping: threading.Event) -> None:
+    def __init__(self, config: EngineConfig, release: Release, metrics: _PrometheusMetrics) -> None:
         self.config = config
-        self.stopping = stopping
+        self.release = release
+        self.metrics = metrics
+        self.stopping = threading.Event()
         self.cond = threading.Condition()
-        self.waiting: deque[EngineRequest] = deque()
+        self.waiting: collections.deque[EngineRequest] = collections.deque()
         self.running: list[EngineRequest] = []
+        caching = config.enable_prefix_caching
+        self.prefix_caching = release.prefix_caching_by_default if caching is None else caching
+        self.cached_blocks: collections.OrderedDict[int, None] = collections.OrderedDict()
 
-    def add(self, request: EngineRequest) -> None:
-        """Queue the request and block until the scheduler grants it a slot."""
+    def stop(self) -> None:
+        self.stopping.set()
         with self.cond:
-            request.queued_ts = time.perf_counter()
-            self.waiting.append(request)
+            self.cond.notify_all()
+
+    # --- blocks ---------------------------------------------------------------------------------
+
+    def _blocks(self, requests: list[EngineRequest], grow: EngineRequest | None = None) -> int:
+        """KV blocks the requests hold (shared prompt blocks once), `grow` holding one token more."""
+        size = self.config.block_size
+        shared: set[int] = set()
+        private = 0
+        for r in requests:
+            tokens = r.prompt_tokens + r.generated + (1 if r is grow else 0)
+            shared.update(r.prompt_blocks)
+            private += math.ceil(tokens / size) - len(r.prompt_blocks)
+        return len(shared) + private
+
+    def kv_cache_usage(self) -> float:
+        return min(1.0, self._blocks(self.running) / self.config.num_kv_blocks)
+
+    def _block_hashes(self, words: list[str]) -> tuple[int, ...]:
+        size = self.config.block_size
+        hashes, previous = [], 0
+        for start in range(0, len(words) - size + 1, size):
+            previous = hash((previous, tuple(words[start : start + size])))
+            hashes.append(previous)
+        return tuple(hashes)
+
+    # --- scheduling (under self.cond) -------------------------------------------------------------
+
+    def rejects(self) -> bool:
+        """Admission control (0.33 and later, with `max_waiting`): whether the queue is full now."""
+        limit = self.config.max_waiting
+        if not self.release.admission_control or limit is None:
+            return False
+        with self.cond:
+            if len(self.waiting) < limit:
+                return False
+        self.metrics.rejected()
+        return True
+
+    def add(self, r: EngineRequest) -> None:
+        """Queue the request and block until the scheduler admits it."""
+        with self.cond:
+            r.queued_ts = time.perf_counter()
+            self.waiting.append(r)
+            self._wait_admitted(r)
+
+    def _wait_admitted(self, r: EngineRequest) -> None:
+        while True:
             self._schedule()
-            self.cond.wait_for(lambda: request.scheduled_ts is not None or self.stopping.is_set())
-            if request.scheduled_ts is None:
-                self.waiting.remove(request)
+            if r in self.running:
+                return
+            if self.stopping.is_set():
+                if r in self.waiting:
+                    self.waiting.remove(r)
                 raise _Stopped
-
-    def release(self, request: EngineRequest) -> None:
-        with self.cond:
-            if request in self.running:
-                self.running.remove(request)
-            self._schedule()
+            deferred = r.deferred_until
+            timeout = None if deferred is None else max(0.0, deferred - time.perf_counter()) + 0.0005
+            self.cond.wait(timeout)
 
     def _schedule(self) -> None:
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            granted = self.waiting.popleft()
-            granted.scheduled_ts = time.perf_counter()
-            self.running.append(granted)
+        now = time.perf_counter()
+        index = 0
+        while index < len(self.waiting) and len(self.running) < self.config.max_num_seqs:
+            candidate = self.waiting[index]
+            if candidate.deferred_until is not None and candidate.deferred_until > now:
+                index += 1  # skipped while its grammar compiles
+                continue
+            blocks = self._block_hashes(candidate.words)
+            candidate.prompt_blocks = blocks
+            if self._blocks([*self.running, candidate], grow=candidate) > self.config.num_kv_blocks:
+                candidate.prompt_blocks = ()
+                break  # first come, first served: nothing overtakes a request that does not fit
+            del self.waiting[index]
+            self._admit(candidate, now)
         self.cond.notify_all()
 
-    def state(self) -> tuple[int, int, float]:
-        """(waiting, running, KV-cache usage) now."""
-        size = self.config.block_size
+    def _admit(self, r: EngineRequest, now: float) -> None:
+        tokens = r.prompt_tokens + r.generated
+        cached = 0
+        if self.prefix_caching:
+            usable = (tokens - 1) // self.config.block_size  # at least one token is always computed
+            for block in r.prompt_blocks[:usable]:
+                if block not in self.cached_blocks:
+                    break
+                cached += self.config.block_size
+            self.metrics.prefix_lookup(queried=tokens, hit=cached)
+            for block in r.prompt_blocks:
+                self.cached_blocks[block] = None
+                self.cached_blocks.move_to_end(block)
+            while len(self.cached_blocks) > self.config.num_kv_blocks:
+                self.cached_blocks.popitem(last=False)
+        if r.scheduled_ts is None:
+            r.scheduled_ts = now
+            r.cached_tokens = cached
+        else:
+            r.recomputes.append((now, tokens - cached))
+        r.admissions += 1
+        r.admitted_ts = now
+        r.to_compute = tokens - cached
+        self.running.append(r)
+
+    def step(self, r: EngineRequest, admission: int) -> bool:
+        """Room for `r`'s next token, preempting the latest admitted requests if need be; False
+        when the computation since `admission` was lost (`r` was preempted meanwhile, or now)."""
         with self.cond:
-            blocks = sum(math.ceil((r.prompt_tokens + r.generated) / size) for r in self.running)
-            return len(self.waiting), len(self.running), min(1.0, blocks / self.config.num_kv_blocks)
+            while r in self.running and self._blocks(self.running, grow=r) > self.config.num_kv_blocks:
+                self._preempt(self.running[-1])
+            return r in self.running and r.admissions == admission
+
+    def _preempt(self, victim: EngineRequest) -> None:
+        self.running.remove(victim)
+        victim.prompt_blocks = ()
+        victim.preemptions += 1
+        self.waiting.appendleft(victim)
+        self.metrics.preempted()
+        self.cond.notify_all()
+
+    def readmit(self, r: EngineRequest) -> None:
+        """After a preemption: wait at the head of the queue until admitted again."""
+        with self.cond:
+            self._wait_admitted(r)
+
+    def release_request(self, r: EngineRequest) -> None:
+        with self.cond:
+            if r in self.running:
+                self.running.remove(r)
+            elif r in self.waiting:
+                self.waiting.remove(r)
+            self._schedule()
+
+    def state(self) -> tuple[int, int, float, int]:
+        """(waiting, running, KV-cache usage, of the waiting: deferred) now."""
+        now = time.perf_counter()
+        with self.cond:
+            deferred = sum(1 for r in self.waiting if r.deferred_until is not None and r.deferred_until > now)
+            return len(self.waiting), len(self.running), self.kv_cache_usage(), deferred
 
 
 class _PrometheusMetrics:
-    """vLLM's Prometheus metrics in a private registry."""
+    """The release's Prometheus metrics in a private registry."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, release: Release) -> None:
+        self.release = release
         self.registry = CollectorRegistry()
-        legacy = config.metric_names == "legacy"
-        current = config.metric_names != "legacy"
-        labelnames = ["model_name"] if legacy else ["model_name", "engine"]
+        self.labelnames = list(release.labelnames)
         self.labels: dict[str, str] = {"model_name": config.model}
-        if not legacy:
+        if "engine" in self.labelnames:
             self.labels["engine"] = "0"
-        registry = self.registry
+        self.metrics: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        g, c, h = self._gauge, self._counter, self._histogram
+        g("vllm:num_requests_running", "Number of requests in model execution batches.")
+        g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        g("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.")
+        g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        g("vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.", ["reason"])
+        c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        c("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried tokens.")
+        c("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached tokens.")
+        c("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        c("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        c("vllm:prompt_tokens_cached", "Number of cached prompt tokens.")
+        c("vllm:generation_tokens", "Number of generation tokens processed.")
+        c("vllm:admission_rejections", "Requests rejected at admission.")
+        h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT_BUCKETS)
+        h(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            _ITL_BUCKETS,
+        )
+        h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", _ITL_BUCKETS)
+        for name, phase in [
+            ("vllm:e2e_request_latency_seconds", "e2e request latency"),
+            ("vllm:request_queue_time_seconds", "time spent in WAITING phase for request"),
+            ("vllm:request_inference_time_seconds", "time spent in RUNNING phase for request"),
+            ("vllm:request_prefill_time_seconds", "time spent in PREFILL phase for request"),
+            ("vllm:request_decode_time_seconds", "time spent in DECODE phase for request"),
+        ]:
+            h(name, f"Histogram of {phase} in seconds.", _REQUEST_LATENCY_BUCKETS)
+        h(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            _TOKEN_COUNT_BUCKETS,
+        )
+        h("vllm:request_num_preemptions", "Number of preemptions per finished request.", _PREEMPTION_BUCKETS)
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labelnames, registry=registry)
+    def _gauge(self, name: str, doc: str, extra: list[str] | None = None) -> None:
+        if self.release.serves(name):
+            self.metrics[name] = Gauge(name, doc, self.labelnames + (extra or []), registry=self.registry)
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, labelnames, buckets=buckets, registry=registry)
+    def _counter(self, name: str, doc: str) -> None:
+        if self.release.serves(name):
+            counter = self.metrics[name] = Counter(name, doc, self.labelnames, registry=self.registry)
+            counter.labels(**self.labels)  # served at 0 from the start, as vLLM's per-engine series are
 
-        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.cache_gauges: list[Gauge] = []
-        if config.metric_names != "current":
-            self.cache_gauges.append(
-                gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.")
-            )
-        if current:
-            self.cache_gauges.append(
-                gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-            )
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", labelnames, registry=registry
-        )
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", labelnames, registry=registry
-        )
-        self.ttft = histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT_BUCKETS
-        )
-        self.itl: list[Histogram] = []
-        if config.metric_names != "current":
-            self.itl.append(
-                histogram(
-                    "vllm:time_per_output_token_seconds",
-                    "Histogram of time per output token in seconds.",
-                    _ITL_BUCKETS,
-                )
-            )
-        if current:
-            self.itl.append(
-                histogram(
-                    "vllm:inter_token_latency_seconds",
-                    "Histogram of inter-token latency in seconds.",
-                    _ITL_BUCKETS,
-                )
-            )
-        self.e2e = histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            _REQUEST_LATENCY_BUCKETS,
-        )
-        self.queue = histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            _REQUEST_LATENCY_BUCKETS,
-        )
-        self.inference = histogram(
-            "vllm:request_inference_time_seconds",
-            "Histogram of time spent in RUNNING phase for request.",
-            _REQUEST_LATENCY_BUCKETS,
-        )
-        self.prefill = histogram(
-            "vllm:request_prefill_time_seconds",
-            "Histogram of time spent in PREFILL phase for request.",
-            _REQUEST_LATENCY_BUCKETS,
-        )
-        self.decode = histogram(
-            "vllm:request_decode_time_seconds",
-            "Histogram of time spent in DECODE phase for request.",
-            _REQUEST_LATENCY_BUCKETS,
-        )
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> None:
+        if self.release.serves(name):
+            histogram = Histogram(name, doc, self.labelnames, buckets=buckets, registry=self.registry)
+            self.metrics[name] = histogram
+            histogram.labels(**self.labels)
+
+    def _inc(self, name: str, amount: float = 1.0) -> None:
+        metric = self.metrics.get(name)
+        if metric is not None and amount:
+            metric.labels(**self.labels).inc(amount)
+
+    def _observe(self, name: str, value: float) -> None:
+        metric = self.metrics.get(name)
+        if metric is not None:
+            metric.labels(**self.labels).observe(value)
+
+    # --- engine events ----------------------------------------------------------------------------
+
+    def preempted(self) -> None:
+        self._inc("vllm:num_preemptions")
+
+    def rejected(self) -> None:
+        self._inc("vllm:admission_rejections")
+
+    def prefix_lookup(self, queried: int, hit: int) -> None:
+        for prefix in ("vllm:gpu_prefix_cache_", "vllm:prefix_cache_"):
+            self._inc(prefix + "queries", queried)
+            self._inc(prefix + "hits", hit)
+        self._inc("vllm:prompt_tokens_cached", hit)
 
     def finished(self, r: EngineRequest) -> None:
         assert r.first_token_ts is not None
         assert r.last_token_ts is not None
         assert r.scheduled_ts is not None
         assert r.finished_ts is not None
-        labels = self.labels
-        self.prompt_tokens.labels(**labels).inc(r.prompt_tokens)
-        self.generation_tokens.labels(**labels).inc(r.generated)
-        self.ttft.labels(**labels).observe(r.first_token_ts - r.arrival)
-        for histogram in self.itl:
-            for earlier, later in itertools.pairwise(r.token_ts):
-                histogram.labels(**labels).observe(later - earlier)
-        self.e2e.labels(**labels).observe(r.finished_ts - r.arrival)
-        self.queue.labels(**labels).observe(r.time_in_queue)
-        self.inference.labels(**labels).observe(r.last_token_ts - r.scheduled_ts)
-        self.prefill.labels(**labels).observe(r.first_token_ts - r.scheduled_ts)
-        self.decode.labels(**labels).observe(r.last_token_ts - r.first_token_ts)
+        self._inc("vllm:prompt_tokens", r.prompt_tokens)
+        self._inc("vllm:generation_tokens", r.generated)
+        self._observe("vllm:time_to_first_token_seconds", r.first_token_ts - r.arrival)
+        for earlier, later in itertools.pairwise(r.token_ts):
+            self._observe("vllm:time_per_output_token_seconds", later - earlier)
+            self._observe("vllm:inter_token_latency_seconds", later - earlier)
+        self._observe("vllm:e2e_request_latency_seconds", r.finished_ts - r.arrival)
+        self._observe("vllm:request_queue_time_seconds", r.time_in_queue)
+        self._observe("vllm:request_inference_time_seconds", r.last_token_ts - r.scheduled_ts)
+        self._observe("vllm:request_prefill_time_seconds", r.first_token_ts - r.scheduled_ts)
+        self._observe("vllm:request_decode_time_seconds", r.last_token_ts - r.first_token_ts)
+        self._observe("vllm:request_prefill_kv_computed_tokens", r.prompt_tokens - r.cached_tokens)
+        self._observe("vllm:request_num_preemptions", r.preemptions)
 
-    def render(self, waiting: int, running: int, kv_cache_usage: float) -> bytes:
-        self.waiting.labels(**self.labels).set(waiting)
-        self.running.labels(**self.labels).set(running)
-        for gauge in self.cache_gauges:
-            gauge.labels(**self.labels).set(kv_cache_usage)
-        return generate_latest(self.registry)
+    def render(self, waiting: int, running: int, kv_cache_usage: float, deferred: int) -> bytes:
+        with self._lock:
+            values = {
+                "vllm:num_requests_waiting": waiting,
+                "vllm:num_requests_running": running,
+                "vllm:gpu_cache_usage_perc": kv_cache_usage,
+                "vllm:kv_cache_usage_perc": kv_cache_usage,
+            }
+            for name, value in values.items():
+                if name in self.metrics:
+                    self.metrics[name].labels(**self.labels).set(value)
+            by_reason = self.metrics.get("vllm:num_requests_waiting_by_reason")
+            if by_reason is not None:
+                by_reason.labels(**self.labels, reason="capacity").set(waiting - deferred)
+                by_reason.labels(**self.labels, reason="deferred").set(deferred)
+            return generate_latest(self.registry)
 
 
 class _Tracing:
     """vLLM's `llm_request` span: its own provider, OTLP/HTTP protobuf, batched."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, config: EngineConfig, release: Release) -> None:
+        self.config = config
+        self.release = release
         self.provider = TracerProvider(resource=Resource.create({"service.name": "vllm"}))
         self.provider.add_span_processor(
             BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=5), schedule_delay_millis=100)
@@ -341,12 +596,31 @@ class _Tracing:
         self.propagator = TraceContextTextMapPropagator()
 
     def export(self, r: EngineRequest) -> None:
+        """A finished request's span; never called for an aborted one."""
+        attributes = self._older(r) if self.release.older_engine else self._newer(r)
+        context = self.propagator.extract(carrier=r.headers)
+        span = self.tracer.start_span(
+            "llm_request", context=context, kind=SpanKind.SERVER, attributes=attributes,
+            start_time=int(r.arrival_time * 1e9),
+        )  # fmt: skip
+        span.end()
+
+    def _sampling(self, r: EngineRequest) -> dict[str, float]:
+        """The request's sampling parameters after vLLM's defaults (top_p 1, temperature 1, n 1)."""
+        return {"top_p": 1.0, "temperature": 1.0, "n": 1} | {
+            key: r.body[key]
+            for key in ("top_p", "temperature", "n")
+            if isinstance(r.body.get(key), (int, float))
+        }
+
+    def _newer(self, r: EngineRequest) -> dict[str, Any]:
+        """`do_tracing` of the newer engine's output processor (0.11 and later)."""
         assert r.queued_ts is not None
         assert r.scheduled_ts is not None
         assert r.finished_ts is not None
-        first = r.first_token_ts if r.first_token_ts is not None else r.finished_ts
-        last = r.last_token_ts if r.last_token_ts is not None else first
-        body = r.body
+        assert r.first_token_ts is not None
+        assert r.last_token_ts is not None
+        first, last = r.first_token_ts, r.last_token_ts
         attributes: dict[str, Any] = {
             "gen_ai.latency.time_to_first_token": first - r.arrival,
             "gen_ai.latency.e2e": r.finished_ts - r.arrival,
@@ -357,11 +631,11 @@ class _Tracing:
             "gen_ai.latency.time_in_model_decode": last - first,
             "gen_ai.latency.time_in_model_inference": last - r.scheduled_ts,
             "gen_ai.request.id": r.request_id,
-            "gen_ai.response.finish_reasons": json.dumps([r.finish_reason or "abort"]),
+            "gen_ai.response.finish_reasons": json.dumps([r.finish_reason]),
         }
-        sampling = {"top_p": 1.0, "temperature": 1.0, "n": 1} | {
-            key: body[key] for key in ("top_p", "temperature", "n") if isinstance(body.get(key), (int, float))
-        }
+        # "When set": a value is written when it is truthy after the defaults, so temperature=0 is
+        # absent and max_tokens appears only when the request had it.
+        sampling = self._sampling(r)
         if sampling["top_p"]:
             attributes["gen_ai.request.top_p"] = float(sampling["top_p"])
         if r.max_tokens:
@@ -370,138 +644,261 @@ class _Tracing:
             attributes["gen_ai.request.temperature"] = float(sampling["temperature"])
         if sampling["n"]:
             attributes["gen_ai.request.n"] = int(sampling["n"])
-        context = self.propagator.extract(carrier=r.headers)
-        span = self.tracer.start_span(
-            "llm_request", context=context, kind=SpanKind.SERVER, attributes=attributes,
-            start_time=int(r.arrival_time * 1e9),
-        )  # fmt: skip
-        if r.finish_reason is None:
-            span.set_status(Status(StatusCode.ERROR, "aborted"))
-        span.end()
+        return attributes
+
+    def _older(self, r: EngineRequest) -> dict[str, Any]:
+        """`create_trace_span` of the older engine (0.8.5 to 0.10.x with tracing): the queue time
+        runs from the arrival, no prefill/decode/inference, no finish reasons; the sampling
+        parameters are written whatever their value (a None is dropped by OpenTelemetry)."""
+        assert r.scheduled_ts is not None
+        assert r.finished_ts is not None
+        assert r.first_token_ts is not None
+        sampling = self._sampling(r)
+        attributes: dict[str, Any] = {
+            "gen_ai.response.model": self.config.model,
+            "gen_ai.request.id": r.request_id,
+            "gen_ai.request.temperature": float(sampling["temperature"]),
+            "gen_ai.request.top_p": float(sampling["top_p"]),
+            "gen_ai.request.n": int(sampling["n"]),
+            "gen_ai.usage.num_sequences": int(sampling["n"]),
+            "gen_ai.usage.prompt_tokens": r.prompt_tokens,
+            "gen_ai.usage.completion_tokens": r.generated,
+            "gen_ai.latency.time_in_queue": r.scheduled_ts - r.arrival,
+            "gen_ai.latency.time_to_first_token": r.first_token_ts - r.arrival,
+            "gen_ai.latency.e2e": r.finished_ts - r.arrival,
+            "gen_ai.latency.time_in_scheduler": r.steps * self.config.scheduler_step,
+        }
+        if r.max_tokens is not None:
+            attributes["gen_ai.request.max_tokens"] = r.max_tokens
+        if self.config.collect_detailed_traces:
+            # The simulator spends nothing outside the forward pass, so the two are equal.
+            attributes["gen_ai.latency.time_in_model_forward"] = r.compute_time
+            attributes["gen_ai.latency.time_in_model_execute"] = r.compute_time
+        return attributes
 
 
-def _prompt_tokens(path: str, body: dict[str, Any]) -> int:
-    source = body.get("messages") if path.endswith("/chat/completions") else body.get("prompt")
-    return max(1, _count_words(source))
+def _words(obj: Any) -> list[str]:
+    """The prompt's tokens, one per whitespace-separated word (token-id arrays: one per id)."""
+    if isinstance(obj, str):
+        return obj.split()
+    if isinstance(obj, bool):
+        return []
+    if isinstance(obj, int):
+        return [str(obj)]
+    if isinstance(obj, list):
+        return [word for item in obj for word in _words(item)]
+    if isinstance(obj, dict):
+        return [
+            word for key in ("content", "text", "input", "output") if key in obj for word in _words(obj[key])
+        ]
+    return []
+
+
+def _structured(body: dict[str, Any]) -> bool:
+    response_format = body.get("response_format")
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    return kind in ("json_schema", "json_object") or "guided_json" in body
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> bytes:
     return _dumps({"error": {"message": message, "type": kind, "param": param, "code": status}})
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-    timeout = 30
-    server: _HTTPServer
+def _usage(r: EngineRequest, completion_tokens: int | None = None) -> dict[str, Any]:
+    completion = r.generated if completion_tokens is None else completion_tokens
+    return {
+        "prompt_tokens": r.prompt_tokens,
+        "total_tokens": r.prompt_tokens + completion,
+        "completion_tokens": completion,
+    }
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
-    def setup(self) -> None:
-        super().setup()
-        self.server.sim._connections.add(self.connection)
+class VLLMSimulator:
+    """A vLLM-like server on 127.0.0.1 in background threads; a context manager.
 
-    def finish(self) -> None:
-        self.server.sim._connections.discard(self.connection)
-        with contextlib.suppress(OSError):
-            super().finish()
+    `otlp_traces_endpoint` is where `llm_request` spans go (a full OTLP/HTTP URL ending in
+    `/v1/traces`), as `vllm serve --otlp-traces-endpoint` with
+    `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`; None disables tracing.
+    """
 
-    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def __init__(
+        self, config: EngineConfig | None = None, *, otlp_traces_endpoint: str | None = None
+    ) -> None:
+        self.config = config if config is not None else EngineConfig()
+        self.release = self.config.release(tracing=otlp_traces_endpoint is not None)
+        self._prometheus = _PrometheusMetrics(self.config, self.release)
+        self._engine = _Engine(self.config, self.release, self._prometheus)
+        self._tracing = (
+            _Tracing(otlp_traces_endpoint, self.config, self.release) if otlp_traces_endpoint else None
+        )
+        self._core = HTTPCore(self._respond, record=False)
+        self._lock = threading.Lock()
+        self._requests: list[EngineRequest] = []
+        self._scrapes: list[Scrape] = []
+        self._started_at = time.time()
 
-    def do_GET(self) -> None:
-        sim = self.server.sim
-        path = self.path.split("?", 1)[0]
-        if path == "/health":
-            self._send(200, b"")
-        elif path == "/metrics":
-            self._send(200, sim._render_metrics(), "text/plain; version=0.0.4; charset=utf-8")
-        elif path == "/v1/models":
-            model = sim.config.model
-            card = {
-                "id": model,
-                "object": "model",
-                "created": int(sim._started_at),
-                "owned_by": "vllm",
-                "root": model,
-            }
-            card |= {"parent": None, "max_model_len": sim.config.max_model_len}
-            self._send(200, _dumps({"object": "list", "data": [card]}))
-        else:
-            self._send(404, _error(404, "Not Found", "NotFoundError"))
+    # --- lifecycle ------------------------------------------------------------------------
 
-    def do_POST(self) -> None:
-        sim = self.server.sim
-        path = self.path.split("?", 1)[0]
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if path not in ("/v1/chat/completions", "/v1/completions"):
-            self._send(404, _error(404, "Not Found", "NotFoundError"))
+    def start(self) -> VLLMSimulator:
+        self._core.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving: waiting and running requests are abandoned, connections closed, threads joined."""
+        if self._engine.stopping.is_set():
             return
-        arrival_time, arrival = time.time(), time.perf_counter()
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
+        self._engine.stop()
+        self._core.stop()
+        if self._tracing is not None:
+            self._tracing.provider.shutdown()
+
+    def __enter__(self) -> VLLMSimulator:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # --- what tests read ------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._core.port
+
+    @property
+    def url(self) -> str:
+        """The server root (where `/metrics` is)."""
+        return self._core.url
+
+    @property
+    def base_url(self) -> str:
+        """What to pass as an OpenAI client's `base_url`."""
+        return f"{self.url}/v1"
+
+    @property
+    def requests(self) -> list[EngineRequest]:
+        """Every API request the engine took, in arrival order."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def scrapes(self) -> list[Scrape]:
+        with self._lock:
+            return list(self._scrapes)
+
+    def state(self) -> tuple[int, int, float]:
+        """The scheduler now: (waiting, running, KV-cache usage)."""
+        return self._engine.state()[:3]
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Wait until no request is being handled (records and spans are final)."""
+        return self._core.wait_idle(timeout)
+
+    def wait_for_state(self, predicate: Callable[[int, int], bool], timeout: float = 5.0) -> bool:
+        """Poll the scheduler until `predicate(waiting, running)` holds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            waiting, running, _ = self.state()
+            if predicate(waiting, running):
+                return True
+            time.sleep(0.002)
+        return False
+
+    def flush_traces(self, timeout: float = 5.0) -> bool:
+        """Export the finished spans still waiting in the batch processor."""
+        if self._tracing is None:
+            return True
+        return self._tracing.provider.force_flush(int(timeout * 1000))
+
+    # --- answering ------------------------------------------------------------------------------
+
+    def _respond(self, ex: Exchange, seq: int, keep_alive: bool) -> None:
+        rec = ex.rec
+        common = [] if keep_alive else [("connection", "close")]
+        if rec.method == "GET" and rec.path == "/health":
+            ex.send_full(200, b"", common)
+        elif rec.method == "GET" and rec.path == "/metrics":
+            ex.send_full(
+                200, self._render_metrics(), common, content_type="text/plain; version=0.0.4; charset=utf-8"
+            )
+        elif rec.method == "GET" and rec.path == "/v1/models":
+            model = self.config.model
+            card = {"id": model, "object": "model", "created": int(self._started_at), "owned_by": "vllm"}
+            card |= {"root": model, "parent": None, "max_model_len": self.config.max_model_len}
+            ex.send_full(200, _dumps({"object": "list", "data": [card]}), common)
+        elif rec.method == "POST" and rec.path in ("/v1/chat/completions", "/v1/completions"):
+            self._complete(ex, common)
+        else:
+            ex.send_full(404, _error(404, "Not Found", "NotFoundError"), common)
+
+    def _complete(self, ex: Exchange, common: list[tuple[str, str]]) -> None:
+        rec = ex.rec
+        arrival = rec.arrived_ns / 1e9
+        arrival_time = time.time() - (time.perf_counter() - arrival)
+        body = rec.body
         if not isinstance(body, dict):
-            self._send(400, _error(400, "request body must be a JSON object", "BadRequestError"))
+            ex.send_full(400, _error(400, "request body must be a JSON object", "BadRequestError"), common)
             return
         model = body.get("model")
-        if model != sim.config.model:
+        if model != self.config.model:
             message = f"The model `{model}` does not exist."
-            self._send(404, _error(404, message, "NotFoundError", "model"))
+            ex.send_full(404, _error(404, message, "NotFoundError", "model"), common)
             return
         stream = body.get("stream") is True
         options = body.get("stream_options")
         if options is not None and not stream:
             message = "Stream options can only be defined when `stream=True`."
-            self._send(400, _error(400, message, "BadRequestError"))
+            ex.send_full(400, _error(400, message, "BadRequestError"), common)
             return
-        prompt_tokens = _prompt_tokens(path, body)
+        chat = rec.path.endswith("/chat/completions")
+        words = _words(body.get("messages") if chat else body.get("prompt")) or ["."]
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            self._send(
-                400, _error(400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError")
-            )
+            message = f"max_tokens must be at least 1, got {max_tokens}."
+            ex.send_full(400, _error(400, message, "BadRequestError"), common)
             return
-        if prompt_tokens + (max_tokens or 0) > sim.config.max_model_len:
-            self._send(
-                400, _error(400, "This model's maximum context length was exceeded.", "BadRequestError")
-            )
+        target = max_tokens if max_tokens is not None else self.config.default_output_tokens
+        if len(words) + (max_tokens or 0) > self.config.max_model_len:
+            message = "This model's maximum context length was exceeded."
+            ex.send_full(400, _error(400, message, "BadRequestError"), common)
             return
-        chat = path.endswith("/chat/completions")
+        if math.ceil((len(words) + target) / self.config.block_size) > self.config.num_kv_blocks:
+            message = "The request needs more KV-cache blocks than the server has."
+            ex.send_full(400, _error(400, message, "BadRequestError"), common)
+            return
         request = EngineRequest(
             request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-            path=path,
-            headers={key.lower(): value for key, value in self.headers.items()},
+            path=rec.path,
+            headers=dict(rec.headers),
             body=body,
             stream=stream,
-            prompt_tokens=prompt_tokens,
+            words=words,
             max_tokens=max_tokens,
-            target_tokens=max_tokens if max_tokens is not None else sim.config.default_output_tokens,
+            target_tokens=target,
             arrival_time=arrival_time,
             arrival=arrival,
         )
+        if _structured(body):
+            request.deferred_until = arrival + self.config.frontend_delay + self.config.grammar_compile_time
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         continuous = (
             include_usage and isinstance(options, dict) and options.get("continuous_usage_stats") is True
         )
+        if self._engine.rejects():
+            message = "The server is at capacity: its waiting queue is full."
+            ex.send_full(503, _error(503, message, "ServiceUnavailableError"), common)
+            return
+        with self._lock:
+            self._requests.append(request)
         try:
-            with sim._track(request):
-                if stream:
-                    self._stream(sim, request, chat, include_usage, continuous)
-                else:
-                    self._complete(sim, request, chat)
-        except (OSError, _Stopped):
-            self.close_connection = True  # the client went away or the server is stopping: aborted
+            if stream:
+                self._stream(ex, request, chat, include_usage, continuous, common)
+            else:
+                self._whole(ex, request, chat, common)
+        except _Stopped:
+            pass  # the server is stopping; HTTPCore closes the connection
 
-    def _complete(self, sim: VLLMSimulator, r: EngineRequest, chat: bool) -> None:
-        sim._run(r, lambda tokens, last: None)
+    def _whole(self, ex: Exchange, r: EngineRequest, chat: bool, common: list[tuple[str, str]]) -> None:
+        self._run(r, lambda tokens, last: None)
         text = "".join(_token(i) for i in range(r.generated))
         choice: dict[str, Any] = {
             "index": 0,
@@ -515,20 +912,23 @@ class _Handler(BaseHTTPRequestHandler):
             choice["text"] = text
         answer = {
             "id": r.request_id, "object": "chat.completion" if chat else "text_completion",
-            "created": int(r.arrival_time), "model": sim.config.model, "choices": [choice], "usage": _usage(r),
+            "created": int(r.arrival_time), "model": self.config.model, "choices": [choice], "usage": _usage(r),
         }  # fmt: skip
-        self._send(200, _dumps(answer))
+        ex.send_full(200, _dumps(answer), common)
 
     def _stream(
-        self, sim: VLLMSimulator, r: EngineRequest, chat: bool, include_usage: bool, continuous: bool
+        self,
+        ex: Exchange,
+        r: EngineRequest,
+        chat: bool,
+        include_usage: bool,
+        continuous: bool,
+        common: list[tuple[str, str]],
     ) -> None:
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
+        ex.start_stream(200, [("content-type", "text/event-stream; charset=utf-8"), *common])
         base: dict[str, Any] = {
             "id": r.request_id, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(r.arrival_time), "model": sim.config.model,
+            "created": int(r.arrival_time), "model": self.config.model,
         }  # fmt: skip
         sent = 0
 
@@ -557,189 +957,48 @@ class _Handler(BaseHTTPRequestHandler):
                 choice["stop_reason"] = None
             frames.append(chunk(choice, sent))
             for frame in frames:
-                self.wfile.write(frame)
+                ex.send(frame)
             r.chunk_sent.append(time.perf_counter())
             r.chunk_tokens.append(tokens)
 
-        sim._run(r, emit)
-        tail = []
+        self._run(r, emit)
         if include_usage:
-            tail.append(_sse(_dumps({**base, "choices": [], "usage": _usage(r)})))
-        tail.append(_DONE_FRAME + _TERMINATOR)
-        for frame in tail:
-            self.wfile.write(frame)
+            ex.send(_sse(_dumps({**base, "choices": [], "usage": _usage(r)})))
+        ex.end_stream(_DONE_FRAME)
 
-
-def _usage(r: EngineRequest, completion_tokens: int | None = None) -> dict[str, Any]:
-    completion = r.generated if completion_tokens is None else completion_tokens
-    return {
-        "prompt_tokens": r.prompt_tokens,
-        "total_tokens": r.prompt_tokens + completion,
-        "completion_tokens": completion,
-    }
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = False  # server_close() joins the handler threads
-    block_on_close = True
-    sim: VLLMSimulator
-
-
-class VLLMSimulator:
-    """A vLLM-like server on 127.0.0.1 in background threads; a context manager.
-
-    `otlp_traces_endpoint` is where `llm_request` spans go (a full OTLP/HTTP URL ending in
-    `/v1/traces`), as `vllm serve --otlp-traces-endpoint` with
-    `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`; None disables tracing.
-    """
-
-    def __init__(
-        self, config: EngineConfig | None = None, *, otlp_traces_endpoint: str | None = None
-    ) -> None:
-        self.config = config if config is not None else EngineConfig()
-        self._stopping = threading.Event()
-        self._engine = _Engine(self.config, self._stopping)
-        self._prometheus = _PrometheusMetrics(self.config)
-        self._tracing = _Tracing(otlp_traces_endpoint) if otlp_traces_endpoint else None
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._in_flight = 0
-        self._requests: list[EngineRequest] = []
-        self._scrapes: list[Scrape] = []
-        self._connections: set[socket.socket] = set()
-        self._server: _HTTPServer | None = None
-        self._thread: threading.Thread | None = None
-        self._started_at = time.time()
-
-    # --- lifecycle ------------------------------------------------------------------------
-
-    def start(self) -> VLLMSimulator:
-        if self._server is not None:
-            raise RuntimeError("a VLLMSimulator can be started only once")
-        server = _HTTPServer((_HOST, 0), _Handler)
-        server.sim = self
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="vllm-sim", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving: waiting and running requests are abandoned, connections closed, threads joined."""
-        server = self._server
-        if server is None or self._stopping.is_set():
-            return
-        self._stopping.set()
-        with self._engine.cond:
-            self._engine.cond.notify_all()
-        server.shutdown()
-        for connection in list(self._connections):
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
-        if self._tracing is not None:
-            self._tracing.provider.shutdown()
-
-    def __enter__(self) -> VLLMSimulator:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    # --- what tests read ------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("server not started")
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        """The server root (where `/metrics` is)."""
-        return f"http://{_HOST}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """What to pass as an OpenAI client's `base_url`."""
-        return f"{self.url}/v1"
-
-    @property
-    def requests(self) -> list[EngineRequest]:
-        """Every API request, in arrival order."""
-        with self._lock:
-            return list(self._requests)
-
-    @property
-    def scrapes(self) -> list[Scrape]:
-        with self._lock:
-            return list(self._scrapes)
-
-    def state(self) -> tuple[int, int, float]:
-        """The scheduler now: (waiting, running, KV-cache usage)."""
-        return self._engine.state()
-
-    def wait_idle(self, timeout: float = 5.0) -> bool:
-        """Wait until no API request is being handled (records and spans are final)."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
-
-    def wait_for_state(self, predicate: Callable[[int, int], bool], timeout: float = 5.0) -> bool:
-        """Poll the scheduler until `predicate(waiting, running)` holds."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            waiting, running, _ = self.state()
-            if predicate(waiting, running):
-                return True
-            time.sleep(0.002)
-        return False
-
-    def flush_traces(self, timeout: float = 5.0) -> bool:
-        """Export the finished spans still waiting in the batch processor."""
-        if self._tracing is None:
-            return True
-        return self._tracing.provider.force_flush(int(timeout * 1000))
-
-    # --- serving --------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _track(self, request: EngineRequest) -> Iterator[None]:
-        with self._lock:
-            self._requests.append(request)
-            self._in_flight += 1
-        try:
-            yield
-        finally:
-            with self._idle:
-                self._in_flight -= 1
-                self._idle.notify_all()
+    # --- the engine's side of one request ---------------------------------------------------------
 
     def _wait_until(self, deadline: float) -> None:
         remaining = deadline - time.perf_counter()
-        if (remaining > 0 and self._stopping.wait(remaining)) or self._stopping.is_set():
+        stopping = self._engine.stopping
+        if (remaining > 0 and stopping.wait(remaining)) or stopping.is_set():
             raise _Stopped
 
     def _run(self, r: EngineRequest, emit: Callable[[int, bool], None]) -> None:
-        """Queue, prefill and decode one request; `emit(tokens, last)` writes a content chunk.
+        """Front end, queue, prefill and decode one request; `emit(tokens, last)` writes a content chunk.
 
         The request finishes in the engine (slot released, metrics observed, span exported)
         before its last chunk is written, as in vLLM, where the output processor handles the
-        finished request before the API server streams its final delta.
+        finished request before the API server streams its final delta. A request that does
+        not finish (the client went away, the server stops) is aborted: no metrics, no span.
         """
-        config = self.config
-        self._engine.add(r)
-        assert r.scheduled_ts is not None
+        config, engine = self.config, self._engine
+        self._wait_until(r.arrival + config.frontend_delay)
+        engine.add(r)
         finished = False
         try:
-            self._wait_until(r.scheduled_ts + r.prompt_tokens * config.prefill_per_token)
             pending = 0
-            while r.generated < r.target_tokens:
-                if r.token_ts:
-                    self._wait_until(r.token_ts[-1] + config.decode_per_token)
+            admission, prefill, due = self._admitted(r)
+            while True:
+                self._wait_until(due)
+                if not engine.step(r, admission):  # preempted: back to the queue, then recompute
+                    engine.readmit(r)
+                    admission, prefill, due = self._admitted(r)
+                    continue
                 now = time.perf_counter()
+                r.steps += 1
+                r.compute_time += prefill if prefill else config.decode_per_token
+                prefill = 0.0
                 r.token_ts.append(now)
                 if r.generated == 1:
                     r.first_token_ts = now
@@ -753,23 +1012,33 @@ class VLLMSimulator:
                 if last or r.generated == 1 or pending >= config.stream_interval:
                     emit(pending, last)
                     pending = 0
+                if last:
+                    return
+                due = now + config.decode_per_token
         finally:
             if not finished:
                 self._finish(r)  # aborted: the client went away or the server is stopping
 
+    def _admitted(self, r: EngineRequest) -> tuple[int, float, float]:
+        """The latest admission, its prefill (or recompute) time, and when its next token is due."""
+        assert r.admitted_ts is not None
+        prefill = r.to_compute * self.config.prefill_per_token
+        return r.admissions, prefill, r.admitted_ts + prefill
+
     def _finish(self, r: EngineRequest) -> None:
         r.finished_ts = time.perf_counter()
-        self._engine.release(r)
-        if r.finish_reason is not None:
-            self._prometheus.finished(r)
+        self._engine.release_request(r)
+        if r.finish_reason is None:
+            return
+        self._prometheus.finished(r)
         if self._tracing is not None:
             self._tracing.export(r)
 
     def _render_metrics(self) -> bytes:
-        waiting, running, kv_cache_usage = self._engine.state()
+        waiting, running, kv_cache_usage, deferred = self._engine.state()
         with self._lock:
             self._scrapes.append(Scrape(time.perf_counter(), waiting, running, kv_cache_usage))
-            return self._prometheus.render(waiting, running, kv_cache_usage)
+        return self._prometheus.render(waiting, running, kv_cache_usage, deferred)
 
 
 # --- an OTLP/HTTP trace receiver --------------------------------------------------------------
@@ -800,61 +1069,24 @@ def _any_value(value: Any) -> Any:
     return getattr(value, kind) if kind else None
 
 
-class _ReceiverHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _ReceiverServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length") or 0))
-        if self.headers.get("content-encoding", "").lower() == "gzip":
-            body = gzip.decompress(body)
-        if self.path != "/v1/traces":
-            self.send_response(404)
-            self.send_header("content-length", "0")
-            self.end_headers()
-            return
-        self.server.receiver._add(ExportTraceServiceRequest.FromString(body))
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-
-class _ReceiverServer(ThreadingHTTPServer):
-    daemon_threads = True
-    receiver: OTLPReceiver
-
-
 class OTLPReceiver:
-    """A tiny OTLP/HTTP (protobuf) trace receiver on 127.0.0.1; a context manager."""
+    """A tiny OTLP/HTTP (protobuf) trace receiver on 127.0.0.1, on the same HTTP core; a context manager."""
 
     def __init__(self) -> None:
-        self._server = _ReceiverServer((_HOST, 0), _ReceiverHandler)
-        self._server.receiver = self
+        self._core = HTTPCore(self._respond, record=False)
         self._cond = threading.Condition()
         self._spans: list[ReceivedSpan] = []
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="otlp-receiver",
-            daemon=True,
-        )
 
     def __enter__(self) -> OTLPReceiver:
-        self._thread.start()
+        self._core.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        self._core.stop()
 
     @property
     def traces_url(self) -> str:
-        return f"http://{_HOST}:{self._server.server_address[1]}/v1/traces"
+        return f"{self._core.url}/v1/traces"
 
     @property
     def spans(self) -> list[ReceivedSpan]:
@@ -879,6 +1111,18 @@ class OTLPReceiver:
 
     def _named(self, name: str) -> list[ReceivedSpan]:
         return [span for span in self._spans if span.name == name]
+
+    def _respond(self, ex: Exchange, seq: int, keep_alive: bool) -> None:
+        rec = ex.rec
+        common = [] if keep_alive else [("connection", "close")]
+        if rec.method != "POST" or rec.path != "/v1/traces":
+            ex.send_full(404, b"", common)
+            return
+        body = rec.raw_body
+        if rec.headers.get("content-encoding", "").lower() == "gzip":
+            body = gzip.decompress(body)
+        self._add(ExportTraceServiceRequest.FromString(body))
+        ex.send_full(200, b"", common, content_type="application/x-protobuf")
 
     def _add(self, request: ExportTraceServiceRequest) -> None:
         received = []

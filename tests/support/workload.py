@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 import llmspans
 from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import capture
-from tests.support.vllm_sim import EngineConfig, VLLMSimulator
+from tests.support.vllm_sim import FAMILIES, EngineConfig, VLLMSimulator
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,9 @@ def exercise() -> Exercised:
         with contextlib.suppress(openai.APIStatusError):
             laned.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "fails"}])
 
-        with VLLMSimulator(EngineConfig()) as vllm:
+        # vLLM 0.33 exposes every signal the sampler reads. The rates and the prefix-cache ratio need
+        # two samples with a prompt looked up between them: a warm-up request, then a fresh sample.
+        with VLLMSimulator(EngineConfig(version=FAMILIES["0.33"])) as vllm:
             sampled = llmspans.instrument(
                 openai.OpenAI(base_url=vllm.base_url, api_key="x", max_retries=0),
                 provider="vllm",
@@ -111,6 +113,11 @@ def exercise() -> Exercised:
             sampler = sampled._llmspans_instrumentation.settings.server_metrics  # type: ignore[attr-defined]
             if not sampler.wait_for_sample(5.0):
                 raise RuntimeError("the vLLM simulator's /metrics was never sampled")
+            with httpx.Client(base_url=vllm.base_url) as plain:  # not instrumented: no span of its own
+                warm_up = {"model": EngineConfig().model, "messages": [{"role": "user", "content": "w"}]}
+                plain.post("/chat/completions", json=warm_up | {"max_tokens": 1}).raise_for_status()
+            if not sampler.wait_for_sample(5.0):
+                raise RuntimeError("the vLLM simulator's /metrics was not sampled again")
             sampled.chat.completions.create(
                 model=EngineConfig().model, messages=[{"role": "user", "content": "count"}], max_tokens=3,
                 temperature=0.5, top_p=0.9, extra_body={"top_k": 5},

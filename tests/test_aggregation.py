@@ -1,0 +1,238 @@
+"""llmspans' own aggregation exports what the SDK's instruments export for the same measurements.
+
+One scripted workload (every instant given, span ids from a fixed sequence) runs twice: once
+through the SDK's instruments (an application's own MeterProvider) and once through llmspans'
+aggregation behind the reader `configure()` installs. The points must agree on names, units,
+attributes, boundaries, bucket counts, counts, sums, min, max and exemplars.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    HistogramDataPoint,
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from llmspans import _metrics, _stages, _telemetry
+from llmspans import _names as names
+from llmspans._aggregation import CARDINALITY_LIMIT, AggregatingReader, Aggregation
+from llmspans._call import CallRecord
+
+MS = 1_000_000
+TEMPORALITIES = {
+    "cumulative": AggregationTemporality.CUMULATIVE,
+    "delta": AggregationTemporality.DELTA,
+}
+
+
+class CountingIds(IdGenerator):
+    """The same span and trace ids run after run, so both paths' exemplars can be compared."""
+
+    def __init__(self) -> None:
+        self._next = itertools.count(1)
+
+    def generate_span_id(self) -> int:
+        return next(self._next)
+
+    def generate_trace_id(self) -> int:
+        return next(self._next) << 64
+
+
+class Kept(MetricExporter):
+    """A metric exporter that keeps what it was given."""
+
+    def __init__(self, temporality: AggregationTemporality) -> None:
+        super().__init__(preferred_temporality={Histogram: temporality, Counter: temporality})
+        self.exported: list[MetricsData] = []
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        self.exported.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+def play(round_number: int) -> None:
+    """A scripted workload: streamed and plain calls, retries, new connections, errors, stages, a turn."""
+    for index in range(6):
+        stream = index % 2 == 0
+        record = CallRecord(
+            operation="chat", model=f"m{index % 3}", provider="openai", stream=stream, budget=0.2,
+            server_address="127.0.0.1", server_port=8000,
+        )  # fmt: skip
+        t = record.queued_ns
+        for _attempt_number in range(index % 3):
+            attempt = record.attempt(t)
+            attempt.status, attempt.cause, attempt.new_connection = 503, "http_503", True
+            t += 30 * MS
+        attempt = record.attempt(t)
+        attempt.new_connection = index % 2 == 1
+        attempt.connected_ns = t + 2 * MS
+        t += (40 + 17 * index + round_number) * MS
+        if stream:
+            record.set_response("id", f"served-{index % 2}")
+            for chunk in range(3 + index):
+                record.content_chunk(t + chunk * (5 + chunk * index) * MS)
+            t += (3 + index) * 40 * MS
+        else:
+            attempt.body_done_ns = t
+        record.set_usage(10 + index, 3 * index + round_number)
+        outcome = "error" if index == 4 else "completed"
+        record.finish(outcome, error=TimeoutError() if index == 4 else None, now_ns=t + MS)
+    tracer = _telemetry.tracer()
+    for stage, elapsed in (("retrieval", 12), ("tool", 250), ("retrieval", 31 + round_number)):
+        span = tracer.start_span(stage)
+        _stages._record_stage(span, _stages._stage_labels(stage), elapsed * MS, elapsed > 100)
+        span.end()
+
+
+@contextmanager
+def tracing() -> Iterator[None]:
+    tracer_provider = TracerProvider(id_generator=CountingIds())
+    previous = _telemetry._override
+    try:
+        yield tracer_provider  # type: ignore[misc]
+    finally:
+        _telemetry._override = previous
+        tracer_provider.shutdown()
+
+
+def through_the_sdk(temporality: AggregationTemporality, rounds: int) -> list[MetricsData]:
+    reader = InMemoryMetricReader(preferred_temporality={Histogram: temporality, Counter: temporality})
+    provider = MeterProvider(metric_readers=[reader])
+    collected = []
+    with tracing() as tracer_provider:
+        _telemetry._override = (
+            tracer_provider.get_tracer("llmspans"),  # type: ignore[attr-defined]
+            _metrics.SdkRecorder(provider.get_meter("llmspans")),
+        )
+        for round_number in range(rounds):
+            play(round_number)
+            collected.append(reader.get_metrics_data())
+    provider.shutdown()
+    return collected
+
+
+def through_our_aggregation(temporality: AggregationTemporality, rounds: int) -> list[MetricsData]:
+    exporter = Kept(temporality)
+    aggregation = Aggregation()
+    reader = AggregatingReader(
+        exporter,
+        aggregation,
+        Resource.create({}),
+        InstrumentationScope("llmspans"),
+        export_interval_millis=10**9,
+    )
+    provider = MeterProvider(metric_readers=[reader])
+    with tracing() as tracer_provider:
+        _telemetry._override = (tracer_provider.get_tracer("llmspans"), aggregation)  # type: ignore[attr-defined]
+        for round_number in range(rounds):
+            play(round_number)
+            provider.force_flush()
+    provider.shutdown()
+    return exporter.exported[:rounds]
+
+
+def points(data: MetricsData) -> dict[tuple[str, tuple[tuple[str, Any], ...]], dict[str, Any]]:
+    """Every histogram and counter point, by metric name and attributes, in comparable form."""
+    found: dict[tuple[str, tuple[tuple[str, Any], ...]], dict[str, Any]] = {}
+    for resource_metrics in data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if type(metric.data).__name__ == "Gauge":
+                    continue
+                for point in metric.data.data_points:
+                    key = (metric.name, tuple(sorted(point.attributes.items())))
+                    exemplars = [
+                        (e.value, e.span_id, e.trace_id, dict(e.filtered_attributes or {}))
+                        for e in point.exemplars
+                    ]
+                    shown: dict[str, Any] = {
+                        "unit": metric.unit, "temporality": metric.data.aggregation_temporality,
+                        "description": metric.description,
+                    }  # fmt: skip
+                    if isinstance(point, HistogramDataPoint):
+                        shown.update(
+                            count=point.count, sum=pytest.approx(point.sum, rel=1e-12), min=point.min, max=point.max,
+                            buckets=tuple(point.bucket_counts), bounds=tuple(point.explicit_bounds),
+                            exemplars=exemplars,
+                        )  # fmt: skip
+                    else:
+                        shown.update(value=point.value, exemplar_spans={e[1] for e in exemplars})
+                    found[key] = shown
+    return found
+
+
+@pytest.mark.parametrize("temporality", sorted(TEMPORALITIES))
+def test_both_paths_export_the_same_points(temporality: str) -> None:
+    chosen = TEMPORALITIES[temporality]
+    sdk = through_the_sdk(chosen, rounds=2)
+    ours = through_our_aggregation(chosen, rounds=2)
+    for sdk_round, our_round in zip(sdk, ours, strict=True):
+        expected, got = points(sdk_round), points(our_round)
+        assert sorted(got) == sorted(expected)
+        for key, shown in expected.items():
+            mine = dict(got[key])
+            if (
+                "exemplar_spans" in shown
+            ):  # a counter's one exemplar is a random pick among its spans, in both
+                assert len(mine.pop("exemplar_spans")) == len(shown["exemplar_spans"]) == 1
+                shown = {k: v for k, v in shown.items() if k != "exemplar_spans"}
+            assert mine == shown, key
+    names_seen = {name for name, _ in points(ours[0])}
+    assert {
+        names.METRIC_OPERATION_DURATION, names.METRIC_TOKEN_USAGE, names.METRIC_TIME_TO_FIRST_CHUNK,
+        names.METRIC_TIME_PER_OUTPUT_CHUNK, names.METRIC_BUCKET_DURATION, names.METRIC_STAGE_DURATION,
+        names.METRIC_BUDGET_EXCEEDED, names.METRIC_RETRY_ATTEMPTS, names.METRIC_CONNECT_NEW,
+    } <= names_seen  # fmt: skip
+
+
+def test_time_per_output_chunk_is_one_measurement_per_chunk_after_the_first() -> None:
+    (data,) = through_our_aggregation(AggregationTemporality.CUMULATIVE, rounds=1)
+    chunk_points = [v for (name, _), v in points(data).items() if name == names.METRIC_TIME_PER_OUTPUT_CHUNK]
+    # Streamed calls 0, 2 and 4 sent 3, 5 and 7 chunks: 2 + 4 + 6 gaps.
+    assert sum(point["count"] for point in chunk_points) == 12
+    assert {point["bounds"] for point in chunk_points} == {names.DURATION_BOUNDARIES}
+
+
+def test_attribute_sets_beyond_the_limit_count_in_one_overflow_set() -> None:
+    aggregation = Aggregation()
+    records = [
+        (_metrics.STAGE_DURATION, 0.5, _metrics.Labels({names.STAGE: f"s{i}"}))
+        for i in range(CARDINALITY_LIMIT + 5)
+    ]
+    aggregation.add(records, None)
+    collected = aggregation.collect(lambda spec: AggregationTemporality.CUMULATIVE)
+    (metric,) = collected
+    attribute_sets = [dict(point.attributes) for point in metric.data.data_points]
+    assert len(attribute_sets) == CARDINALITY_LIMIT + 1
+    overflow = [p for p in metric.data.data_points if dict(p.attributes) == {names.METRIC_OVERFLOW: True}]
+    assert [point.count for point in overflow] == [5]
+
+
+def test_a_forked_child_starts_from_zero() -> None:
+    aggregation = Aggregation()
+    aggregation.add([(_metrics.STAGE_DURATION, 0.5, _metrics.Labels({names.STAGE: "s"}))], None)
+    aggregation.forget_all()
+    assert aggregation.collect(lambda spec: AggregationTemporality.CUMULATIVE) == []
