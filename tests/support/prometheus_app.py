@@ -3,8 +3,9 @@ span report: `python -m tests.support.prometheus_app SCENARIO METRICS_PORT SPANS
 
 The metrics go through the app's own MeterProvider with `opentelemetry-exporter-prometheus`'s reader (a
 scrape, as Debian's Prometheus 2.42 has no OTLP receiver), served on 127.0.0.1. A few warm-up turns come
-first, so that every series exists before the measured run: Prometheus' `increase()` cannot count what
-a series held when it was first scraped. Then, on stdin's cue:
+first, against the same simulated server (same port, so the same `server_port` label), so that every
+series exists before the measured run: Prometheus' `increase()` cannot count what a series held when it
+was first scraped. Then, on stdin's cue:
 
     ready            (printed: warm-up done, series exist)
     go               (read: run the measured turns)
@@ -14,8 +15,10 @@ a series held when it was first scraped. Then, on stdin's cue:
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -28,7 +31,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import start_http_server
 
+from llmspans import _demo
 from llmspans._demo import SCENARIOS, run
+from llmspans._simulator import SimulatedServer
 
 WARM_UP_TURNS = 4
 TURNS = 20
@@ -44,6 +49,11 @@ def main() -> int:
     provider.add_span_processor(SimpleSpanProcessor(spans))
     trace.set_tracer_provider(provider)
     start_http_server(port, addr="127.0.0.1")
+    # Both runs' simulated server on one port: each run starts its own, and the port is a metric label.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        llm_port = probe.getsockname()[1]
+    _demo.SimulatedServer = functools.partial(SimulatedServer, port=llm_port)  # type: ignore[misc]
 
     run(scenario, requests=WARM_UP_TURNS, concurrency=CONCURRENCY, seed=SEED + 1)
     gc.collect()  # the warm-up's limiter: a collected limiter stops reporting its gauges
