@@ -13,8 +13,8 @@ import pytest
 
 from llmspans import _names as names
 from llmspans._demo import SCENARIOS, run
-from llmspans._report import analyse
-from llmspans._report_input import spans_of_readable
+from llmspans.report._analysis import analyse
+from llmspans.report._spans import spans_of_readable
 from llmspans.testing import Captured
 
 # Enough turns for a p95 that is not simply the max (nearest rank 19 of 20), few enough for seconds.

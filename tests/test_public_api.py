@@ -6,7 +6,11 @@ import llmspans.testing
 
 def test_all_lists_exactly_the_public_names() -> None:
     # "@py_..." names are pytest's assertion rewriting (llmspans.testing is a pytest plugin).
-    public = {name for name in dir(llmspans) if not name.startswith(("_", "@"))} - {"testing", "vllm"}
+    public = {name for name in dir(llmspans) if not name.startswith(("_", "@"))} - {
+        "testing",
+        "vllm",
+        "report",
+    }
     assert set(llmspans.__all__) - {"__version__"} == public
     assert llmspans.__all__ == sorted(llmspans.__all__)
 

@@ -20,17 +20,13 @@ import pytest
 
 from llmspans import _names as names
 from llmspans.__main__ import main
-from llmspans._report import (
-    FINDING_QUEUE,
-    FINDING_STALLED,
-    Distribution,
-    Report,
-    analyse,
-    quantile,
-)
-from llmspans._report_html import render as render_html
-from llmspans._report_input import JAEGER_TRACES_PATH, read_files, spans_of_document
+from llmspans.report._analysis import analyse
+from llmspans.report._html import render as render_html
+from llmspans.report._model import FINDING_QUEUE, FINDING_STALLED, Distribution, Report, quantile
+from llmspans.report._sources.jaeger import JAEGER_TRACES_PATH
+from llmspans.report._spans import spans_of_document
 from tests.support.local_http import serving
+from tests.support.report_files import read_spans
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDED = [FIXTURES / "embedded-default.jsonl", FIXTURES / "vllm-server.jsonl"]
@@ -346,7 +342,7 @@ def test_a_recorded_file_and_the_recorded_jaeger_answer_give_identical_reports(
 
 
 def test_the_recorded_figures(capsys: pytest.CaptureFixture[str]) -> None:
-    loaded = read_files(RECORDED)
+    loaded = read_spans(RECORDED)
     assert loaded.skipped == []  # the metric lines are OTLP JSON too, just not spans
     report = analyse(loaded.spans)
     llm = next(row for row in report.stages if row.stage == names.STAGE_LLM)
@@ -456,7 +452,7 @@ def test_a_partly_bad_file_reports_the_skipped_lines_and_continues(
     bad_lines = [2, len(good) + 2]
     assert err == (
         f"llmspans report: skipped 2 line(s) of {path} ({bad_lines[0]}, {bad_lines[1]}); line 2 is not JSON "
-        "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1))\n"
+        "(JSON is malformed: object keys must be strings (byte 1))\n"
     )
     report = json.loads(out)
     assert [skip["line"] for skip in report["skipped"]] == bad_lines
@@ -484,7 +480,7 @@ def test_python_dash_m_llmspans_runs_the_report() -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count(" turn chat ") == 2
+    assert result.stdout.count("  turn chat\n") == 2
 
 
 # --- the HTML page in headless Chromium -------------------------------------------------------------
@@ -536,7 +532,7 @@ class _Elements(HTMLParser):
 
 def test_the_html_page_renders_its_charts_in_headless_chromium(chromium: str, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    report = analyse(read_files(RECORDED).spans, top=3)
+    report = analyse(read_spans(RECORDED).spans, top=3)
     html = render_html(report)
     for reference in ("<script", "src=", "href=", "url(", "@import"):
         assert reference not in html  # self-contained: nothing to fetch
@@ -576,3 +572,143 @@ def test_the_html_page_renders_its_charts_in_headless_chromium(chromium: str, tm
     assert shot.stat().st_size > 20_000  # charts, not a blank page
     if os.environ.get("LLMSPANS_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["LLMSPANS_KEEP_SCREENSHOT"])
+
+
+# --- the shapes other changes give the spans ---------------------------------------------------------
+
+
+def test_calls_without_attempt_spans_and_with_phase_spans_are_read_like_any_other() -> None:
+    # A first attempt that succeeded has no attempt span, so vLLM's span is the call's own child; a slow
+    # call has phase spans (llmspans.phase, no stage) under it. Neither is a stage; both are walked through.
+    traces = []
+    for n in range(10):
+        trace = Trace()
+        turn = trace.span("turn chat", 0, 400, **_keys({names.STAGE: names.STAGE_TURN}))
+        call = trace.call(10, parent=turn, first_token=300.0 + n, stream=50)
+        trace.span("waiting for the first token", 10, 310 + n, call, **{"llmspans__phase": "first_token"})
+        phase = trace.span("streaming", 310 + n, 360 + n, call, **{"llmspans__phase": "stream"})
+        trace.span(names.VLLM_SERVER_SPAN, 12, 350 + n, call if n % 2 else phase, kind=2, **_keys({
+            names.GEN_AI_LATENCY_TIME_IN_QUEUE: 0.1, names.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: 0.15,
+        }))  # fmt: skip
+        traces.append(trace)
+    report = report_of(*traces)
+    assert [row.stage for row in report.stages] == [names.STAGE_LLM, names.STAGE_TURN]
+    assert report.spans == 50
+    assert report.server is not None
+    assert report.server.calls == 10
+    assert report.server.prefill.p95 == pytest.approx(0.15)
+    assert report.triage is not None
+    assert report.triage.dominant == "first_token"
+
+
+def test_seconds_carry_no_float_noise() -> None:
+    trace = Trace()
+    call = trace.call(0, first_token=100, stream=50)
+    trace.spans[-1]["attributes"] = [
+        attribute
+        for attribute in trace.spans[-1]["attributes"]
+        if attribute["key"] not in (names.BUCKET_PREFIX + "queue", names.BUCKET_PREFIX + "retry")
+    ] + document_attributes(
+        {
+            names.BUCKET_PREFIX + "queue": 0.00009831400000000001,
+            names.BUCKET_PREFIX + "retry": 1.0594113550000002,
+        }
+    )
+    del call
+    data = report_of(trace).to_dict()
+    buckets = {row["bucket"]: row["values"]["p50"] for row in data["buckets"]}
+    assert (buckets["queue"], buckets["retry"]) == (0.000098314, 1.059411355)
+    assert repr(buckets["queue"]) == "9.8314e-05"
+
+
+def test_the_slowest_traces_never_lose_a_figure_or_its_unit() -> None:
+    traces = []
+    for n in range(3):
+        trace = Trace()
+        root = trace.span("turn a-very-long-name-for-a-turn-that-goes-on-and-on", 0, 2970 + n,
+                          **_keys({names.STAGE: names.STAGE_TURN}))  # fmt: skip
+        trace.span("tool", 0, 866, root, **_keys({names.STAGE: "an_extremely_long_custom_stage_name"}))
+        trace.call(866, parent=root, first_token=2000 + n, stream=100)
+        traces.append(trace)
+    from llmspans.report._text import render as render_text
+
+    text = render_text(report_of(*traces))
+    lines = text.split("Slowest traces\n", 1)[1].splitlines()[1:]
+    assert len(lines) == 3
+    for line in lines:
+        assert len(line) <= 100
+        figures = line.split()[:4]
+        assert figures[1] in ("s", "ms"), line  # "2.97 s": the duration whole, with its unit
+        assert figures[3] in ("s", "ms"), line  # and the dominant part's figure too
+        assert "…" in line  # the long root name is what gave way
+
+
+def test_import_llmspans_loads_no_report_module() -> None:
+    code = (
+        "import sys, httpx, llmspans\n"
+        "llmspans.instrument(httpx.Client())\n"
+        "with llmspans.turn('chat'):\n"
+        "    pass\n"
+        "print(sorted(name for name in sys.modules if name.startswith('llmspans.report')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+# --- the progress bar -----------------------------------------------------------------------------------
+
+
+class _Terminal:
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.written: list[str] = []
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> int:
+        self.written.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_the_progress_bar_shows_only_on_a_terminal_after_a_second() -> None:
+    from llmspans.report._progress import Progress
+
+    now = [0.0]
+    terminal = _Terminal(tty=True)
+    bar = Progress(100_000_000, "reading", stream=terminal, clock=lambda: now[0])  # type: ignore[arg-type]
+    for step in range(1, 10):  # 0.9 s: a short read draws nothing
+        now[0] = step / 10
+        bar.update(step * 1_000_000)
+    assert terminal.written == []
+    now[0] = 1.5
+    bar.update(50_000_000)
+    assert terminal.written[-1].startswith("\rreading [")
+    assert " 50% " in terminal.written[-1]
+    bar.finish()
+    assert terminal.written[-1] == "\r\033[K"  # erased: stdout's report follows on a clean line
+
+    piped = _Terminal(tty=False)
+    bar = Progress(100_000_000, "reading", stream=piped, clock=lambda: now[0])  # type: ignore[arg-type]
+    now[0] = 10.0
+    bar.update(90_000_000)
+    bar.finish()
+    assert piped.written == []
+
+
+def test_the_file_reader_feeds_the_progress_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmspans.report import _progress
+    from llmspans.report._sources.file import FileSource
+
+    seen: list[int] = []
+    monkeypatch.setattr(_progress.Progress, "update", lambda self, done: seen.append(done))
+    source = FileSource(RECORDED)
+    assert sum(len(batch) for batch in source.batches()) == 90
+    assert len(seen) >= 2
+    assert seen == sorted(seen)  # bytes read so far, across both files
+    assert RECORDED[0].stat().st_size < seen[-1] <= sum(path.stat().st_size for path in RECORDED)

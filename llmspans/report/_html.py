@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from html import escape
 
 from llmspans import _names as names
-from llmspans._report import KIND_BUCKET, KIND_OTHER, Part, Report, SlowTrace, StageRow, part_label
-from llmspans._report import format_seconds as seconds
+from llmspans.report._compare import Comparison
+from llmspans.report._model import KIND_BUCKET, KIND_OTHER, Part, Report, SlowTrace, StageRow, part_label
+from llmspans.report._model import format_seconds as seconds
 
 BUCKET_COLOURS = {
     "queue": "#d62728",
@@ -97,13 +98,14 @@ def _stacked(report: Report, colours: dict[tuple[str, str], str]) -> str:
 def _stage_chart(row: StageRow) -> str:
     width, label_w, right_w, height = 900, 110, 250, 40
     plot_w = width - label_w - right_w
-    top = max(row.durations.max, row.budget or 0.0, 1e-9) * 1.08
+    d = row.durations
+    highest = d.max if d.max is not None else d.p99
+    top = max(highest, row.budget or 0.0, 1e-9) * 1.08
     scale = plot_w / top
 
     def at(value: float) -> float:
         return label_w + value * scale
 
-    d = row.durations
     y_mid = (height - 10) / 2
     parts = [
         f'<svg class="stage-dist" data-stage="{escape(row.stage)}" width="{width}" height="{height}" '
@@ -112,15 +114,18 @@ def _stage_chart(row: StageRow) -> str:
         f'<line class="axis" x1="{label_w}" x2="{label_w + plot_w}" y1="{height - 8}" y2="{height - 8}"/>',
         f'<text class="small" x="{label_w}" y="{height}">0</text>',
         f'<text class="small" x="{label_w + plot_w}" y="{height}" text-anchor="end">{seconds(top)}</text>',
-        f'<line class="whisker" x1="{at(d.p95):.2f}" x2="{at(d.max):.2f}" y1="{y_mid}" y2="{y_mid}"/>',
+        f'<line class="whisker" x1="{at(d.p95):.2f}" x2="{at(highest):.2f}" y1="{y_mid}" y2="{y_mid}"/>',
         f'<rect class="box" data-from="{d.p50:.6f}" data-to="{d.p95:.6f}" x="{at(d.p50):.2f}" y="{y_mid - 9}" '
         f'width="{max(1.0, (d.p95 - d.p50) * scale):.2f}" height="18"><title>p50 {seconds(d.p50)} to p95 '
         f"{seconds(d.p95)}</title></rect>",
         f'<line class="whisker p99" x1="{at(d.p99):.2f}" x2="{at(d.p99):.2f}" y1="{y_mid - 7}" y2="{y_mid + 7}">'
         f"<title>p99 {seconds(d.p99)}</title></line>",
-        f'<circle class="max{" over" if row.budget is not None and d.max > row.budget else ""}" '
-        f'cx="{at(d.max):.2f}" cy="{y_mid}" r="3"><title>max {seconds(d.max)}</title></circle>',
     ]
+    if d.max is not None:
+        parts.append(
+            f'<circle class="max{" over" if row.budget is not None and d.max > row.budget else ""}" '
+            f'cx="{at(d.max):.2f}" cy="{y_mid}" r="3"><title>max {seconds(d.max)}</title></circle>'
+        )
     if row.budget is not None:
         parts.append(
             f'<line class="budget-line" data-stage="{escape(row.stage)}" data-budget="{row.budget:.6f}" '
@@ -180,7 +185,39 @@ def _waterfall(slow: SlowTrace, colours: dict[tuple[str, str], str]) -> str:
     return "".join(out)
 
 
-def render(report: Report) -> str:
+def _signed(value: float) -> str:
+    return ("+" if value > 0 else "-" if value < 0 else "±") + seconds(abs(value))
+
+
+def _comparison(comparison: Comparison) -> str:
+    rows = []
+    for change in comparison.changes:
+        interval = (
+            f"{_signed(change.low_s)} to {_signed(change.high_s)}"
+            if change.low_s is not None and change.high_s is not None
+            else "-"
+        )
+        rows.append(
+            f'<tr class="change" data-kind="{escape(change.kind)}" data-name="{escape(change.name)}" '
+            f'data-quantile="{change.quantile}" data-verdict="{escape(change.verdict)}" '
+            f'data-change="{change.change_s:.9f}"><td>{escape(change.name)} ({escape(change.kind)})</td>'
+            f"<td>{change.quantile}</td><td>{seconds(change.before_s)}</td><td>{seconds(change.after_s)}</td>"
+            f"<td>{_signed(change.change_s)}</td><td>{interval}</td><td>{escape(change.verdict)}</td></tr>"
+        )
+    dominant = (
+        f"dominant at p95: {comparison.dominant_before} before, {comparison.dominant_after} after"
+        if comparison.dominant_before != comparison.dominant_after
+        else f"dominant at p95: {comparison.dominant_after}, before and after"
+    )
+    return (
+        f'<section id="comparison"><h2>Compared with {escape(comparison.before)} (before) → '
+        f'{escape(comparison.after)} (after)</h2><p class="meta">{escape(comparison.method)}. '
+        f"{escape(dominant or '')}.</p><table><tr><th>part</th><th>q</th><th>before</th><th>after</th>"
+        "<th>change</th><th>95% interval</th><th>verdict</th></tr>" + "".join(rows) + "</table></section>"
+    )
+
+
+def render(report: Report, comparison: Comparison | None = None) -> str:
     """The whole page as a string (UTF-8 when written)."""
     title = "llmspans report"
     colours = _colours(report.parts)
@@ -228,6 +265,23 @@ def render(report: Report) -> str:
             )
             body.append(_waterfall(slow, colours))
         body.append("</section>")
+    if report.exemplars:
+        body.append('<section id="exemplars"><h2>Slow requests (exemplars)</h2>')
+        body.append(
+            '<p class="meta">Prometheus keeps no list of traces; these are the traces behind the slowest '
+            "histogram points.</p><table><tr><th>series</th><th>value</th><th>trace</th></tr>"
+        )
+        for exemplar in report.exemplars:
+            trace = escape(exemplar.trace_id)
+            cell = (
+                f'<a href="{escape(exemplar.link)}">{trace}</a>' if exemplar.link else f"<code>{trace}</code>"
+            )
+            body.append(
+                f"<tr><td>{escape(exemplar.series)}</td><td>{seconds(exemplar.value_s)}</td><td>{cell}</td></tr>"
+            )
+        body.append("</table></section>")
+    if comparison is not None:
+        body.append(_comparison(comparison))
     return (
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
         f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"

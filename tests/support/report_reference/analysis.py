@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llmspans import _names as names
-from llmspans._report_input import KIND_SERVER, SkippedLine, Span
+from tests.support.report_reference.input import KIND_SERVER, SkippedLine, Span
 
 QUANTILES = (0.5, 0.95, 0.99)
 QUANTILE_METHOD = "nearest-rank: the q-quantile of n values is the value at rank ceil(q*n)"

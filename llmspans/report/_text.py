@@ -1,12 +1,14 @@
-"""The report as plain text for a terminal: fixed-width tables that fit in 100 columns."""
+"""The report as plain text for a terminal: fixed-width tables in 100 columns that never cut a figure
+(a name too long for its column is shortened with "…"; a figure never is)."""
 
 from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterable, Sequence
 
-from llmspans._report import Distribution, Report, part_label
-from llmspans._report import format_seconds as seconds
+from llmspans.report._compare import Comparison
+from llmspans.report._model import Distribution, Report, part_label
+from llmspans.report._model import format_seconds as seconds
 
 WIDTH = 100
 _QUANTILE_HEADERS = ("count", "p50", "p95", "p99", "max")
@@ -25,7 +27,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], first_width: i
             (
                 "  "
                 + first.ljust(widths[0])
-                + "".join(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
+                + "".join(" " + c.rjust(w - 1) for c, w in zip(cells[1:], widths[1:], strict=True))
             ).rstrip()
         )
     return lines
@@ -37,15 +39,19 @@ def _quantiles(distribution: Distribution) -> list[str]:
         seconds(distribution.p50),
         seconds(distribution.p95),
         seconds(distribution.p99),
-        seconds(distribution.max),
+        "n/a" if distribution.max is None else seconds(distribution.max),
     ]
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _ratio(value: float | None) -> str:
     return f"{value:.1f}x" if value is not None else "n/a"
 
 
-def render(report: Report) -> str:
+def render(report: Report, comparison: Comparison | None = None) -> str:
     """The whole report; every section that has nothing to say is left out."""
     out: list[str] = []
     source = ", ".join(report.sources) or "(no source)"
@@ -119,10 +125,14 @@ def render(report: Report) -> str:
         )
         connections = report.connections
         churn = f"{connections.per_success:.2f}" if connections.per_success is not None else "n/a"
+        reused = (
+            f"; the final attempt reused a pooled connection in {connections.reused_final} of {connections.calls}"
+            if connections.reused_final is not None
+            else ""
+        )
         out += _wrap(
             f"Connection churn: {churn} new connections per successful call ({connections.new_connections} new, "
-            f"{connections.successful} successful calls; the final attempt reused a pooled connection in "
-            f"{connections.reused_final} of {connections.calls})",
+            f"{connections.successful} successful calls{reused})",
             "",
         )
         retries = report.retries
@@ -130,19 +140,30 @@ def render(report: Report) -> str:
             f"{retries.attempts_per_success:.2f}" if retries.attempts_per_success is not None else "n/a"
         )
         causes = ", ".join(f"{cause} ×{count}" for cause, count in retries.causes.items()) or "none"
+        retried = f", {retries.retried_calls} calls retried" if retries.retried_calls is not None else ""
+        wasted = (
+            f"; wasted output tokens: {retries.wasted_output_tokens}"
+            if retries.wasted_output_tokens is not None
+            else ""
+        )
         out += _wrap(
             f"Retry amplification: {per_success} attempts per success ({retries.attempts} attempts, "
-            f"{retries.successful} successes, {retries.failed} failed calls, {retries.retried_calls} calls "
-            f"retried); causes: {causes}; wasted output tokens: {retries.wasted_output_tokens}",
+            f"{retries.successful} successes, {retries.failed} failed calls{retried}); causes: {causes}{wasted}",
             "",
         )
 
     for limiter in report.limiters:
+        calls = f", {limiter.calls} calls" if limiter.calls is not None else ""
+        on_entry = (
+            f", p95 on entry {limiter.queue_depth_on_entry.p95:.0f}"
+            if limiter.queue_depth_on_entry is not None
+            else ""
+        )
         out += _wrap(
-            f"Limiter '{limiter.name}' (cap {limiter.cap}, {limiter.calls} calls): backlog during "
+            f"Limiter '{limiter.name}' (cap {limiter.cap}{calls}): backlog during "
             f"{seconds(limiter.backlog_s)} of {seconds(limiter.window_s)}; gap_fraction {limiter.gap_fraction:.2f} "
             f"(in-flight below the cap while calls waited); queue depth mean {limiter.mean_queue_depth:.1f}, "
-            f"max {limiter.max_queue_depth}, p95 on entry {limiter.queue_depth_on_entry.p95:.0f}; "
+            f"max {limiter.max_queue_depth}{on_entry}; "
             f"in-flight mean {limiter.mean_in_flight:.1f}",
             "",
         )
@@ -161,13 +182,84 @@ def render(report: Report) -> str:
             ),
         )
 
+    for gauges in report.server_gauges:
+        out += _wrap(
+            f"vLLM server {gauges.server}: requests waiting max {_number(gauges.waiting_max)} (mean "
+            f"{_number(gauges.waiting_mean)}), running max {_number(gauges.running_max)} (mean "
+            f"{_number(gauges.running_mean)}), KV-cache usage max {_share(gauges.kv_cache_usage_max)}",
+            "",
+        )
+
     if report.slowest:
         out.append("")
         out.append("Slowest traces")
+        out.append(f"  {'duration':>9}  {'dominant part':<34} {'trace id':<32}  root")
         for slow in report.slowest:
-            label = part_label(slow.dominant_kind, slow.dominant)
-            out.append(
-                f"  {seconds(slow.duration_s):>9}  {slow.trace_id}  {slow.root[:22]:<22} "
-                f"{label} {seconds(slow.dominant_s)}"[:WIDTH]
+            dominant = (
+                f"{seconds(slow.dominant_s):>9} {_cut(part_label(slow.dominant_kind, slow.dominant), 24)}"
             )
+            line = f"  {seconds(slow.duration_s):>9}  {dominant:<34} {slow.trace_id:<32}  "
+            out.append(line + _cut(slow.root, max(8, WIDTH - len(line))))
+    if report.exemplars:
+        out.append("")
+        out.append(
+            "Slow requests (exemplars: Prometheus keeps no trace list; these are the traces behind the slowest"
+        )
+        out.append("histogram points)")
+        for exemplar in report.exemplars:
+            where = exemplar.link or exemplar.trace_id
+            out.append(f"  {seconds(exemplar.value_s):>9}  {_cut(exemplar.series, 30):<30}  {where}")
+    if comparison is not None:
+        out += _comparison(comparison)
     return "\n".join(out) + "\n"
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def _signed(value: float) -> str:
+    return ("+" if value > 0 else "-" if value < 0 else "±") + seconds(abs(value))
+
+
+def _comparison(comparison: Comparison) -> list[str]:
+    out = ["", *_wrap(f"Compared with {comparison.before} (before) → {comparison.after} (after)", "")]
+    out += _wrap(comparison.method, "")
+    if comparison.dominant_before != comparison.dominant_after:
+        out += _wrap(
+            f"dominant at p95: {comparison.dominant_before} before, {comparison.dominant_after} after", ""
+        )
+    else:
+        out += _wrap(f"dominant at p95: {comparison.dominant_after}, before and after", "")
+    rows = []
+    for change in comparison.changes:
+        ci = (
+            f"{_signed(change.low_s)}..{_signed(change.high_s)}"
+            if change.low_s is not None and change.high_s is not None
+            else "-"
+        )
+        rows.append([f"{change.name} ({change.kind})", change.quantile, seconds(change.before_s),
+                     seconds(change.after_s), _signed(change.change_s), ci, change.verdict])  # fmt: skip
+    out += _change_table(rows)
+    real = sorted((change for change in comparison.changes if change.real), key=lambda c: -abs(c.change_s))
+    if real:
+        out += _wrap("real changes: " + ", ".join(f"{c.name} {c.quantile} {c.verdict} by "
+                                                  f"{seconds(abs(c.change_s))}" for c in real), "")  # fmt: skip
+    elif comparison.changes and comparison.changes[0].low_s is not None:
+        out += _wrap("no change is larger than the noise", "")
+    return out
+
+
+def _change_table(rows: list[list[str]]) -> list[str]:
+    headers = ["part", "q", "before", "after", "change", "95% interval", "verdict"]
+    widths = [26, 4, 9, 9, 10, 22]
+    lines = []
+    for cells in [headers, *rows]:
+        line = "  " + _cut(cells[0], widths[0]).ljust(widths[0])
+        line += "".join(cell.rjust(width) for cell, width in zip(cells[1:6], widths[1:], strict=True))
+        lines.append(f"{line}  {cells[6]}".rstrip())
+    return lines

@@ -1,0 +1,137 @@
+"""Before and after: per stage and per bucket, how p50 and p95 moved, and whether the move is real.
+
+On the span path each side keeps its samples (`Report.samples`), so each change gets a bootstrap
+95 % confidence interval: both samples are resampled with replacement, the nearest-rank quantile of
+each resample taken, and the change's 2.5th and 97.5th percentiles over `REPLICATES` rounds form the
+interval. The k-th smallest of n values drawn with replacement from sorted values x is x[floor(n*U)]
+where U is the k-th smallest of n uniforms, which is Beta(k, n-k+1): so a round costs one Beta draw
+per side, not a resample and a sort. A change whose interval excludes 0 is real (`slower`/`faster`)
+unless it is too small to matter (under both 1 ms and 5 %: `negligible`); one whose interval straddles 0
+is `noise`. A side from Prometheus has no samples (its quantiles are
+interpolated from histogram buckets), so its changes carry no interval and no verdict beyond the figures.
+The random generator is seeded: the same two inputs give the same intervals.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from llmspans.report._model import KIND_BUCKET, KIND_STAGE, Distribution, Report, part_label, rank
+
+REPLICATES = 2000
+CONFIDENCE = 0.95
+SEED = 16
+COMPARED_QUANTILES = (0.5, 0.95)
+SLOWER = "slower"
+FASTER = "faster"
+NOISE = "noise"
+NEGLIGIBLE = "negligible"
+UNCHANGED = "unchanged"
+MATERIAL_S = (
+    0.001  # a real change smaller than this and than MATERIAL_SHARE of the before figure is negligible
+)
+MATERIAL_SHARE = 0.05
+NO_INTERVAL = "no interval (histogram quantiles)"
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # stage or bucket
+    name: str
+    quantile: str  # p50 or p95
+    before_s: float
+    after_s: float
+    change_s: float
+    low_s: float | None  # the confidence interval of the change; None without samples on both sides
+    high_s: float | None
+    verdict: str
+
+    @property
+    def real(self) -> bool:
+        return self.verdict in (SLOWER, FASTER)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    before: str
+    after: str
+    method: str
+    dominant_before: str | None
+    dominant_after: str | None
+    changes: tuple[Change, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "changes": [{**asdict(change), "real": change.real} for change in self.changes],
+        }
+
+
+def _replicate(values: Sequence[float], q: float, rng: random.Random) -> float:
+    count = len(values)
+    k = rank(count, q)
+    return values[min(count - 1, int(count * rng.betavariate(k, count - k + 1)))]
+
+
+def interval(
+    before: Sequence[float],
+    after: Sequence[float],
+    q: float,
+    *,
+    replicates: int = REPLICATES,
+    seed: int = SEED,
+) -> tuple[float, float]:
+    """The bootstrap `CONFIDENCE` interval of after's q-quantile minus before's (both sorted, not empty)."""
+    rng = random.Random(seed)
+    changes = sorted(_replicate(after, q, rng) - _replicate(before, q, rng) for _ in range(replicates))
+    tail = (1 - CONFIDENCE) / 2
+    return changes[int(tail * (replicates - 1))], changes[round((1 - tail) * (replicates - 1))]
+
+
+def _rows(report: Report, kind: str) -> dict[str, Distribution]:
+    if kind == KIND_STAGE:
+        return {row.stage: row.durations for row in report.stages}
+    return {row.bucket: row.values for row in report.buckets}
+
+
+def _change(kind: str, name: str, q: float, before: Report, after: Report) -> Change:
+    first, second = _rows(before, kind)[name].at(q), _rows(after, kind)[name].at(q)
+    label = f"p{round(q * 100)}"
+    samples_before, samples_after = before.samples.get((kind, name)), after.samples.get((kind, name))
+    if not samples_before or not samples_after:
+        return Change(kind, name, label, first, second, second - first, None, None, NO_INTERVAL)
+    low, high = interval(samples_before, samples_after, q)
+    if first == second and low == high == 0:
+        verdict = UNCHANGED
+    elif low <= 0 <= high:
+        verdict = NOISE
+    elif abs(second - first) < MATERIAL_S and abs(second - first) < MATERIAL_SHARE * first:
+        verdict = NEGLIGIBLE
+    else:
+        verdict = SLOWER if low > 0 else FASTER
+    return Change(kind, name, label, first, second, second - first, low, high, verdict)
+
+
+def compare(before: Report, after: Report, *, before_name: str, after_name: str) -> Comparison:
+    """Every stage and bucket both runs have, at p50 and p95, in the after-run's order."""
+    changes: list[Change] = []
+    for kind in (KIND_STAGE, KIND_BUCKET):
+        earlier = _rows(before, kind)
+        for name in _rows(after, kind):
+            if name in earlier:
+                changes.extend(_change(kind, name, q, before, after) for q in COMPARED_QUANTILES)
+    sampled = bool(before.samples) and bool(after.samples)
+    method = (
+        f"bootstrap {CONFIDENCE:.0%} interval of the change ({REPLICATES} rounds, nearest-rank quantiles); "
+        "real when the interval excludes 0, negligible when it is also under both 1 ms and 5 %"
+        if sampled
+        else "no confidence interval: at least one side is Prometheus' histogram quantiles"
+    )
+
+    def dominant(report: Report) -> str | None:
+        return part_label(report.triage.dominant_kind, report.triage.dominant) if report.triage else None
+
+    return Comparison(before_name, after_name, method, dominant(before), dominant(after), tuple(changes))

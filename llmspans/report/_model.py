@@ -1,0 +1,289 @@
+"""What a report says, as plain frozen data: the figures every source fills and every renderer reads.
+
+Seconds here are computed from integer nanoseconds (`ns / 1e9`), so they carry no float noise.
+The method behind each figure is in docs/report.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+QUANTILES = (0.5, 0.95, 0.99)
+QUANTILE_METHOD = "nearest-rank: the q-quantile of n values is the value at rank ceil(q*n)"
+KIND_STAGE = "stage"
+KIND_BUCKET = "bucket"
+KIND_OTHER = "other"
+UNMARKED = "unmarked"
+FINDING_QUEUE = "queue"
+FINDING_STALLED = "stalled_scheduler"
+NS = 1_000_000_000
+
+
+def seconds_of(nanoseconds: int) -> float:
+    """Integer nanoseconds as seconds without float noise (one correctly rounded division)."""
+    return nanoseconds / NS
+
+
+def nanoseconds_of(seconds: float) -> int:
+    """Seconds read from an attribute, to the nanosecond (what the SDK's clock resolves)."""
+    return round(seconds * NS)
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of ascending values (0 for none)."""
+    if not sorted_values:
+        return 0.0
+    return sorted_values[rank(len(sorted_values), q) - 1]
+
+
+def rank(count: int, q: float) -> int:
+    """The 1-based nearest rank of the q-quantile among `count` values."""
+    return min(max(1, math.ceil(q * count - 1e-9)), count)
+
+
+@dataclass(frozen=True)
+class Distribution:
+    count: int
+    p50: float
+    p95: float
+    p99: float
+    max: float | None  # None where the source cannot know it (Prometheus histograms)
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Distribution:
+        ordered = sorted(values)
+        return cls.of_sorted(ordered)
+
+    @classmethod
+    def of_sorted(cls, ordered: Sequence[float]) -> Distribution:
+        return cls(
+            len(ordered),
+            quantile(ordered, 0.5),
+            quantile(ordered, 0.95),
+            quantile(ordered, 0.99),
+            ordered[-1] if ordered else 0.0,
+        )
+
+    @classmethod
+    def of_nanoseconds(cls, values: Iterable[int]) -> Distribution:
+        return cls.of_sorted([value / NS for value in sorted(values)])  # seconds_of, inlined
+
+    def at(self, q: float) -> float:
+        return {0.5: self.p50, 0.95: self.p95, 0.99: self.p99}[q]
+
+    @property
+    def spread(self) -> float | None:
+        """p95 over p50: how much the tail stretches; None when p50 is 0."""
+        return self.p95 / self.p50 if self.p50 > 0 else None
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage's spans: durations against the budget they carried (or the one given)."""
+
+    stage: str
+    durations: Distribution
+    budget: float | None
+    budget_varies: bool
+    budgeted: int
+    exceeded: int
+    errors: int
+
+
+@dataclass(frozen=True)
+class BucketRow:
+    bucket: str
+    values: Distribution
+    share_p95: float  # this bucket's p95 over the sum of the buckets' p95s
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a request's time (an app stage's own time, an LLM bucket, unmarked time)."""
+
+    kind: str
+    name: str
+    per_trace: Distribution
+
+    @property
+    def label(self) -> str:
+        return part_label(self.kind, self.name)
+
+
+def part_label(kind: str, name: str) -> str:
+    if kind == KIND_BUCKET:
+        return f"{name} (llm bucket)"
+    if kind == KIND_OTHER:
+        return "unmarked time in turns"
+    return f"{name} (stage)"
+
+
+@dataclass(frozen=True)
+class Triage:
+    dominant_kind: str
+    dominant: str
+    dominant_p95: float
+    finding: str
+    within_budget: bool | None
+    message: str
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Variability:
+    first_token_spread: float | None
+    stream_spread: float | None
+    ratio: float | None  # first_token spread over stream spread
+
+
+@dataclass(frozen=True)
+class Connections:
+    calls: int
+    successful: int
+    new_connections: int
+    per_success: float | None
+    reused_final: int | None  # None where the source does not record it (Prometheus)
+
+
+@dataclass(frozen=True)
+class Retries:
+    calls: int
+    successful: int
+    failed: int
+    attempts: int
+    attempts_per_success: float | None
+    retried_calls: int | None  # None where the source does not record it (Prometheus)
+    causes: dict[str, int]
+    wasted_output_tokens: int | None
+    error_types: dict[str, int]
+
+
+@dataclass(frozen=True)
+class LimiterRow:
+    name: str
+    process: str
+    cap: int
+    calls: int | None  # None from Prometheus (no metric counts calls per limiter)
+    window_s: float
+    backlog_s: float
+    gap_s: float
+    gap_fraction: float
+    mean_queue_depth: float
+    max_queue_depth: int
+    mean_in_flight: float
+    queue_depth_on_entry: Distribution | None  # None from Prometheus (the gauges are sampled, not per call)
+
+
+@dataclass(frozen=True)
+class ServerSplit:
+    """vLLM's view of the calls whose traces hold its `llm_request` span (see `_server.py`)."""
+
+    calls: int
+    first_token: Distribution
+    server_queue: Distribution
+    prefill: Distribution
+    network_other: Distribution
+
+
+@dataclass(frozen=True)
+class ServerGauges:
+    """vLLM's load as llmspans' sampler exported it (Prometheus source): max and mean over the window."""
+
+    server: str
+    waiting_max: float | None
+    waiting_mean: float | None
+    running_max: float | None
+    running_mean: float | None
+    kv_cache_usage_max: float | None
+
+
+@dataclass(frozen=True)
+class WaterfallRow:
+    name: str
+    stage: str | None
+    depth: int
+    offset_s: float
+    duration_s: float
+    buckets: dict[str, float]  # LLM call spans only, in bucket order
+    error: bool
+
+
+@dataclass(frozen=True)
+class SlowTrace:
+    trace_id: str
+    root: str
+    duration_s: float
+    dominant_kind: str
+    dominant: str
+    dominant_s: float
+    start_ns: int
+    rows: tuple[WaterfallRow, ...]
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    """A trace a histogram's exemplar points to (Prometheus source): where to look instead of a slowest list."""
+
+    series: str
+    value_s: float
+    trace_id: str
+    link: str | None
+
+
+@dataclass(frozen=True)
+class Report:
+    sources: tuple[str, ...]
+    skipped: tuple[SkippedLine, ...]
+    spans: int
+    traces: int
+    llm_calls: int
+    quantile_method: str
+    stages: tuple[StageRow, ...]
+    buckets: tuple[BucketRow, ...]
+    parts: tuple[Part, ...]
+    triage: Triage | None
+    variability: Variability
+    connections: Connections
+    retries: Retries
+    limiters: tuple[LimiterRow, ...]
+    server: ServerSplit | None
+    slowest: tuple[SlowTrace, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    # The Prometheus source only: vLLM gauges and exemplar traces (the span source leaves them empty).
+    server_gauges: tuple[ServerGauges, ...] = ()
+    exemplars: tuple[Exemplar, ...] = ()
+    # The sorted samples behind each stage, bucket and part (seconds), for comparisons; not in the JSON.
+    samples: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def from_histograms(self) -> bool:
+        return self.quantile_method != QUANTILE_METHOD
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (the `--json` document)."""
+        data = asdict(replace(self, samples={}))
+        data.pop("samples")
+        if not self.server_gauges and not self.exemplars:
+            data.pop("server_gauges")
+            data.pop("exemplars")
+        data["parts"] = [{**asdict(part), "label": part.label} for part in self.parts]
+        return data
+
+
+@dataclass(frozen=True)
+class SkippedLine:
+    source: str
+    line: int
+    reason: str
+
+
+def format_seconds(value: float) -> str:
+    """A duration the way the report prints it: `0.4 ms`, `85 ms`, `1.23 s`."""
+    if value >= 1:
+        return f"{value:.2f} s"
+    if value >= 0.01:
+        return f"{value * 1e3:.0f} ms"
+    return f"{value * 1e3:.1f} ms"

@@ -1,0 +1,230 @@
+"""The triage: which part of a request's time dominates at p95, and what DESIGN §1 says to do about it.
+
+Shared by every source: the span report and the Prometheus report fill the same `Figures` and
+`Part`s, so the same dominant part names the same rule and advice whichever way it was measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from llmspans.report._model import (
+    FINDING_QUEUE,
+    FINDING_STALLED,
+    KIND_BUCKET,
+    KIND_OTHER,
+    KIND_STAGE,
+    UNMARKED,
+    BucketRow,
+    Connections,
+    LimiterRow,
+    Part,
+    Retries,
+    ServerSplit,
+    StageRow,
+    Triage,
+    Variability,
+    format_seconds,
+)
+
+# A limiter whose backlog time is at least this share in gap reads as a stalled scheduler.
+STALL_GAP_FRACTION = 0.25
+# ... noted (when queue does not dominate) only if calls waited during this share of its window.
+MATERIAL_BACKLOG_SHARE = 0.05
+# "Varies much more": first_token's p95/p50 over stream's p95/p50.
+VARIES_MORE = 2.0
+# A stage is within budget when at most this share of its spans exceeded it (p95 within budget).
+WITHIN_BUDGET_SHARE = 0.05
+
+
+def variability_of(buckets: Sequence[BucketRow]) -> Variability:
+    """How much more first_token's tail stretches (p95/p50) than stream's."""
+    by_name = {row.bucket: row.values for row in buckets}
+    first = by_name["first_token"].spread if "first_token" in by_name else None
+    stream = by_name["stream"].spread if "stream" in by_name else None
+    ratio = first / stream if first is not None and stream is not None and stream > 0 else None
+    return Variability(first, stream, ratio)
+
+
+def _causes_text(causes: Mapping[str, int]) -> str:
+    return ", ".join(f"{cause} ×{count}" for cause, count in causes.items()) or "none recorded"
+
+
+def within_budget(stages: Sequence[StageRow]) -> bool | None:
+    """Every budgeted stage's p95 within its budget (with budgets that differ per span: at most 5 %
+    of its spans over their own); None when nothing has a budget."""
+    budgeted = [row for row in stages if row.budget is not None and row.budgeted]
+    if not budgeted:
+        return None
+    return all(
+        row.exceeded <= WITHIN_BUDGET_SHARE * row.budgeted
+        if row.budget_varies or row.budgeted < row.durations.count
+        else row.durations.p95 <= (row.budget or 0.0)
+        for row in budgeted
+    )
+
+
+def _rule(part: Part, figures: Figures) -> tuple[str, str, str]:
+    """The finding, what was seen, and the DESIGN §1 advice for the dominant part."""
+    kind, name = part.kind, part.name
+    variability, retries, connections = figures.variability, figures.retries, figures.connections
+    if kind == KIND_STAGE:
+        return name, f"the {name} stage dominates", "move work off the hot path, parallelise tools"
+    if kind == KIND_OTHER:
+        return (
+            UNMARKED,
+            "time in the turn outside any marked stage dominates",
+            ("mark the slow code with @llmspans.stage(...) to see which part it is"),
+        )
+    if name == "queue":
+        limiter = figures.limiters[0] if figures.limiters else None
+        if limiter is None:
+            return (
+                FINDING_QUEUE,
+                "queue dominates",
+                (
+                    "backlog or cap too low; the calls carry no limiter attributes, so whether in-flight stays at "
+                    "the cap while calls wait cannot be checked"
+                ),
+            )
+        where = f"limiter '{limiter.name}', cap {limiter.cap}"
+        if limiter.gap_fraction >= STALL_GAP_FRACTION:
+            return (
+                FINDING_STALLED,
+                (
+                    f"queue dominates, yet in-flight stayed below the cap while calls waited (gap_fraction "
+                    f"{limiter.gap_fraction:.2f}, {where}, mean in-flight {limiter.mean_in_flight:.1f})"
+                ),
+                (
+                    "a stalled scheduler; find what holds slots without calling the model or keeps admission from "
+                    "running (work inside `with limiter:` that is not the call, a blocked event loop)"
+                ),
+            )
+        return (
+            FINDING_QUEUE,
+            "queue dominates",
+            (
+                f"backlog or cap too low; in-flight stayed at the cap while the queue was non-empty (gap_fraction "
+                f"{limiter.gap_fraction:.2f}, {where}, mean queue depth {limiter.mean_queue_depth:.1f}): raise the cap "
+                "if the server has headroom, or shed or shape the load"
+            ),
+        )
+    if name == "retry":
+        per_success = retries.attempts_per_success
+        amplification = f"{per_success:.2f} attempts per success" if per_success is not None else "no success"
+        wasted = (
+            f"; {retries.wasted_output_tokens} output tokens wasted"
+            if retries.wasted_output_tokens is not None
+            else ""
+        )
+        return (
+            name,
+            "retry dominates",
+            (
+                f"fix retry budgets and timeouts before concurrency ({amplification}; causes: "
+                f"{_causes_text(retries.causes)}{wasted})"
+            ),
+        )
+    if name == "connect":
+        churn = connections.per_success
+        measured = f" ({churn:.2f} new connections per successful call)" if churn is not None else ""
+        return (
+            name,
+            "connect dominates",
+            (f"connection churn{measured}: reuse one client and its connection pool, keep connections alive"),
+        )
+    if name == "first_token":
+        varies = (
+            f" and varies {variability.ratio:.1f}x more than stream"
+            if variability.ratio is not None and variability.ratio >= VARIES_MORE
+            else ""
+        )
+        server = figures.server
+        split = (
+            f" (server side at p95: queue {format_seconds(server.server_queue.p95)}, prefill "
+            f"{format_seconds(server.prefill.p95)}, network/other {format_seconds(server.network_other.p95)})"
+            if server is not None
+            else ""
+        )
+        return (
+            name,
+            f"first_token dominates{varies}",
+            (f"look at server queueing, connection reuse and prompt length{split}"),
+        )
+    if name == "stream":
+        return name, "stream dominates", "decode speed (quantisation, kernels, speculative decoding)"
+    return (
+        name,
+        "post dominates",
+        ("move work off the hot path (the caller's own work on the stream after its last token)"),
+    )
+
+
+@dataclass(frozen=True)
+class Figures:
+    variability: Variability
+    retries: Retries
+    connections: Connections
+    limiters: tuple[LimiterRow, ...]
+    server: ServerSplit | None
+
+
+def _notes(dominant: Part, parts: Sequence[Part], figures: Figures) -> list[str]:
+    """Secondary signals worth a look; never a second dominant part."""
+    notes = []
+    by_key = {(part.kind, part.name): part for part in parts}
+    first_token = by_key.get((KIND_BUCKET, "first_token"))
+    ratio = figures.variability.ratio
+    if (
+        dominant.name != "first_token"
+        and ratio is not None
+        and ratio >= 3 * VARIES_MORE / 2
+        and first_token is not None
+        and first_token.per_trace.p95 >= 0.25 * dominant.per_trace.p95
+    ):
+        notes.append(
+            f"first_token varies {ratio:.1f}x more than stream: look at server queueing, connection reuse "
+            "and prompt length"
+        )
+    churn = figures.connections.per_success
+    if dominant.name != "connect" and churn is not None and churn > 0.5:
+        notes.append(f"connection churn: {churn:.2f} new connections per successful call; reuse connections")
+    per_success = figures.retries.attempts_per_success
+    if dominant.name != "retry" and per_success is not None and per_success >= 1.2:
+        notes.append(f"retry amplification: {per_success:.2f} attempts per success; check retry budgets")
+    if figures.retries.failed:
+        kinds = ", ".join(f"{kind} ×{count}" for kind, count in figures.retries.error_types.items())
+        notes.append(f"{figures.retries.failed} of {figures.retries.calls} LLM calls failed ({kinds})")
+    for limiter in figures.limiters:
+        material = limiter.backlog_s >= MATERIAL_BACKLOG_SHARE * limiter.window_s > 0
+        if dominant.name != "queue" and limiter.gap_fraction >= STALL_GAP_FRACTION and material:
+            notes.append(
+                f"limiter '{limiter.name}': in-flight below the cap during {limiter.gap_fraction:.0%} of the "
+                "backlog (a stalled scheduler)"
+            )
+    return notes
+
+
+def triage(parts: Sequence[Part], stages: Sequence[StageRow], figures: Figures) -> Triage | None:
+    if not parts:
+        return None
+    dominant = max(parts, key=lambda part: part.per_trace.p95)  # first of equals: stages, then buckets
+    finding, seen, advice = _rule(dominant, figures)
+    within = within_budget(stages)
+    if within:
+        message = (
+            f"within budget: every budgeted stage's p95 is under its budget. The largest part at p95 is "
+            f"{dominant.label}; to make it faster: {advice}"
+        )
+    else:
+        message = f"{seen}: {advice}"
+    return Triage(
+        dominant_kind=dominant.kind,
+        dominant=dominant.name,
+        dominant_p95=dominant.per_trace.p95,
+        finding=finding,
+        within_budget=within,
+        message=message,
+        notes=tuple(_notes(dominant, parts, figures)),
+    )

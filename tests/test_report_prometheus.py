@@ -1,0 +1,241 @@
+"""`llmspans report --prometheus`: a real Prometheus scrapes each demo scenario's app, and the triage it
+computes from the metrics names the same dominant part as the span report of the same run.
+
+Each scenario's app runs in a process of its own (tests/support/prometheus_app.py) with its metrics
+served through `opentelemetry-exporter-prometheus`; Prometheus (Debian's 2.42) scrapes it every 0.5 s
+under a job named after the scenario. Its spans go to a file, the span report's input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from llmspans import _names as names
+from llmspans.__main__ import main
+from llmspans._demo import BUDGETS, SCENARIOS, TURN_BUDGET
+from llmspans.report._compare import NO_INTERVAL
+from tests.support.local_http import serving
+from tests.support.prometheus import SCRAPE_INTERVAL_S, PrometheusServer, prometheus_server
+from tests.support.prometheus_app import TURNS, WARM_UP_TURNS
+from tests.support.realservers import free_ports
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class _App:
+    """A scenario's app, warmed up and waiting for its cue."""
+
+    scenario: str
+    process: subprocess.Popen[str]
+    spans: Path
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusServer, dict[str, _App]]]:
+    """Prometheus, and every scenario's app started and warmed up at once (the warm-ups' timings do not
+    matter); each test then runs one app's measured turns alone."""
+    ports = dict(zip(SCENARIOS, free_ports(len(SCENARIOS)), strict=True))
+    folder = tmp_path_factory.mktemp("prometheus-apps")
+    with prometheus_server(ports) as server, contextlib.ExitStack() as stack:
+        apps = {}
+        for scenario, port in ports.items():
+            spans = folder / f"{scenario}.jsonl"
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.prometheus_app", scenario, str(port), str(spans)],
+                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            stack.callback(_stop, process)
+            apps[scenario] = _App(scenario, process, spans)
+        for app in apps.values():
+            assert app.process.stdout is not None
+            assert app.process.stdout.readline().strip() == "ready"
+        yield server, apps
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.stdin is not None:
+        process.stdin.close()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    code = main(["report", *argv, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return dict(json.loads(out))
+
+
+def _run(server: PrometheusServer, app: _App) -> float:
+    """Run the app's measured turns once Prometheus has seen its warm-up; the seconds since they began,
+    half a scrape added so the window opens on a sample taken before them."""
+    stdin, stdout = app.process.stdin, app.process.stdout
+    assert stdin is not None
+    assert stdout is not None
+    calls = f'sum(gen_ai_client_operation_duration_seconds_count{{job="{app.scenario}"}})'
+    server.wait_for(calls, WARM_UP_TURNS)
+    started = time.time()
+    stdin.write("go\n")
+    stdin.flush()
+    assert stdout.readline().split() == ["done", str(TURNS)]
+    server.wait_for(calls, WARM_UP_TURNS + TURNS)
+    return time.time() - started + SCRAPE_INTERVAL_S / 2
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_prometheus_names_the_dominant_part_the_spans_name(
+    scenario: str,
+    scraped: tuple[PrometheusServer, dict[str, _App]],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    server, apps = scraped
+    window = _run(server, apps[scenario])
+    from_metrics = _report(
+        capsys, "--prometheus", server.url, "--service", scenario, "--since", f"{window:.3f}s"
+    )
+    from_spans = _report(capsys, str(apps[scenario].spans))
+
+    assert from_spans["llm_calls"] == TURNS
+    dominant = (from_spans["triage"]["dominant_kind"], from_spans["triage"]["dominant"])
+    assert (from_metrics["triage"]["dominant_kind"], from_metrics["triage"]["dominant"]) == dominant, (
+        from_metrics["triage"]["message"],
+        from_spans["triage"]["message"],
+    )
+    # increase() extrapolates to the window's edges: the counts are the run's, give or take a scrape.
+    assert TURNS * 0.9 <= from_metrics["llm_calls"] <= TURNS * 1.3
+    assert all(TURNS * 0.9 <= row["values"]["count"] <= TURNS * 1.3 for row in from_metrics["buckets"])
+    stages = {row["stage"]: row for row in from_metrics["stages"]}
+    assert {stage: stages[stage]["budget"] for stage in BUDGETS} == BUDGETS
+    assert stages[names.STAGE_TURN]["budget"] == TURN_BUDGET
+    assert all(row["durations"]["max"] is None for row in from_metrics["stages"])  # histograms keep no max
+    assert from_metrics["slowest"] == []
+    (limiter,) = from_metrics["limiters"]
+    assert limiter["cap"] == SCENARIOS[scenario].cap(4)
+    if scenario == "retries":
+        assert set(from_metrics["retries"]["causes"]) <= {"http_429", "http_503"}
+        assert from_metrics["retries"]["attempts_per_success"] > 1.2
+    if scenario == "queue":
+        assert from_metrics["triage"]["finding"] == "queue"
+        assert limiter["backlog_s"] > 0.5 * limiter["window_s"] * 0.5
+        assert limiter["gap_fraction"] < 0.2
+    if scenario == "healthy":  # the text and the page say where the figures came from
+        page = tmp_path / "report.html"
+        window_arg = f"{window + 5:.3f}s"
+        assert main(["report", "--prometheus", server.url, "--service", scenario, "--since", window_arg,
+                     "--html", str(page)]) == 0  # fmt: skip
+        text = capsys.readouterr().out
+        assert "histogram_quantile over Prometheus histograms" in text
+        assert "Slowest traces" not in text
+        assert max(len(line) for line in text.splitlines()) <= 100
+        html = page.read_text()
+        assert html.count('class="stage-dist"') == len(from_metrics["stages"])
+        assert 'class="max' not in html  # no max to draw
+        # Two windows of one Prometheus, and a file against a window: figures, but no interval.
+        for baseline in (f"{window_arg}@1s", str(apps[scenario].spans)):
+            compared = _report(capsys, "--prometheus", server.url, "--service", scenario, "--since", window_arg,
+                               "--baseline", baseline)["comparison"]  # fmt: skip
+            stream = next(c for c in compared["changes"] if c["name"] == "stream" and c["quantile"] == "p95")
+            assert stream["verdict"] == NO_INTERVAL
+            assert stream["after_s"] > 0
+            assert compared["dominant_after"] == "stream (llm bucket)"
+    if scenario == "stalled-scheduler":
+        # The gauge's in-flight counts the idle holders too: Prometheus sees a full limiter, so it cannot
+        # tell a stall from a cap too low; the span report, counting only LLM calls in flight, can.
+        assert from_spans["triage"]["finding"] == "stalled_scheduler"
+        assert from_metrics["triage"]["finding"] == "queue"
+
+
+def test_the_queried_names_are_what_prometheus_makes_of_the_sdks() -> None:
+    from llmspans.report._sources import prometheus as queried
+    from tests.test_integrations import prometheus_label, prometheus_name
+
+    histograms = {queried.STAGE_DURATION: names.METRIC_STAGE_DURATION,
+                  queried.BUCKET_DURATION: names.METRIC_BUCKET_DURATION,
+                  queried.OPERATION_DURATION: names.METRIC_OPERATION_DURATION}  # fmt: skip
+    for name, metric in histograms.items():
+        assert name == prometheus_name(metric, "s", "histogram")
+    assert prometheus_name(names.METRIC_STAGE_BUDGET, "s", "gauge") == queried.STAGE_BUDGET
+    for name, metric, unit in ((queried.BUDGET_EXCEEDED, names.METRIC_BUDGET_EXCEEDED, "{span}"),
+                               (queried.RETRY_ATTEMPTS, names.METRIC_RETRY_ATTEMPTS, "{attempt}"),
+                               (queried.CONNECT_NEW, names.METRIC_CONNECT_NEW, "{connection}")):  # fmt: skip
+        assert name == prometheus_name(metric, unit, "counter")
+    for name, metric in ((queried.LIMITER_IN_FLIGHT, names.METRIC_LIMITER_IN_FLIGHT),
+                         (queried.LIMITER_CAP, names.METRIC_LIMITER_CAP),
+                         (queried.VLLM_WAITING, names.METRIC_VLLM_NUM_REQUESTS_WAITING)):  # fmt: skip
+        assert name == prometheus_name(metric, "{call}", "gauge")
+    ratio = prometheus_name(names.METRIC_VLLM_KV_CACHE_USAGE, "1", "gauge")  # Prometheus 3 over OTLP
+    assert re.fullmatch(queried.VLLM_KV_CACHE, ratio)
+    assert re.fullmatch(queried.VLLM_KV_CACHE, ratio.removesuffix("_ratio"))  # a scrape of the exporter
+    for label, key in ((queried.LABEL_STAGE, names.STAGE), (queried.LABEL_BUCKET, names.METRIC_ATTR_BUCKET),
+                       (queried.LABEL_CAUSE, names.METRIC_ATTR_RETRY_CAUSE),
+                       (queried.LABEL_LIMITER, names.LIMITER_NAME), (queried.LABEL_ERROR, names.ERROR_TYPE)):  # fmt: skip
+        assert label == prometheus_label(key)
+
+
+def test_an_unreachable_prometheus_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    (port,) = free_ports(1)
+    code = main(["report", "--prometheus", f"http://127.0.0.1:{port}"])
+    out, err = capsys.readouterr()
+    assert (code, out, err.count("\n")) == (2, "", 1)
+    assert err.startswith(f"llmspans report: cannot reach Prometheus at http://127.0.0.1:{port}")
+
+
+class _ExemplarsOnly(BaseHTTPRequestHandler):
+    """A Prometheus API with five turns of 5 s and nothing else, and two exemplars in the shape of
+    Prometheus' `query_exemplars` answer, so the report lists the traces behind them."""
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        path, query = url.path, parse_qs(url.query).get("query", [""])[0]
+        if path == "/api/v1/query_exemplars":
+            data: Any = [{
+                "seriesLabels": {"__name__": "llmspans_stage_duration_seconds_bucket", "llmspans_stage": "tool"},
+                "exemplars": [
+                    {"labels": {"trace_id": "aa" * 16}, "value": "2.5", "timestamp": 1.0},
+                    {"labels": {"trace_id": "bb" * 16}, "value": "0.75", "timestamp": 2.0},
+                ],
+            }]  # fmt: skip
+        elif path == "/api/v1/query_range":
+            data = {"resultType": "matrix", "result": []}
+        else:
+            turns = [{"metric": {"llmspans_stage": "turn"}, "value": [1.0, "5"]}]
+            data = {"resultType": "vector", "result": turns if "llmspans_stage_duration" in query else []}
+        body = json.dumps({"status": "success", "data": data}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_exemplars_stand_in_for_the_slowest_traces(capsys: pytest.CaptureFixture[str]) -> None:
+    with serving(_ExemplarsOnly) as api:
+        url = f"http://127.0.0.1:{api.server_address[1]}"
+        code = main(["report", "--prometheus", url, "--jaeger", "http://jaeger:16686", "--since", "10m"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    assert "Slow requests (exemplars" in out
+    slow = out.split("histogram points)\n", 1)[1].splitlines()
+    assert slow[0].split() == ["2.50", "s", "tool", "(stage)", f"http://jaeger:16686/trace/{'aa' * 16}"]
+    assert slow[1].split()[-1] == f"http://jaeger:16686/trace/{'bb' * 16}"
