@@ -189,7 +189,7 @@ def servers(chunks: int, receiver: str) -> Iterator[Servers]:
     started: list[_Process] = []
     with contextlib.ExitStack() as stack:
         stack.callback(lambda: [process.stop() for process in reversed(started)])
-        simulator = [sys.executable, "-m", "llmspans._simulator", "--port", "0"]
+        simulator = [sys.executable, "-m", "llmspans.tools.simulator", "--port", "0"]
         started.append(_Process([*simulator, "--chunks", "16"], "the simulated server (calls)"))
         started.append(_Process([*simulator, "--chunks", str(chunks)], "the simulated server (streams)"))
         started.append(_Process([sys.executable, __file__, "--serve-otlp"], "the OTLP receiver"))

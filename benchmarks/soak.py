@@ -162,7 +162,7 @@ def open_fds() -> int:
 def simulator() -> Iterator[str]:
     """The simulated server in a process of its own; yields its base URL."""
     command = [
-        sys.executable, "-m", "llmspans._simulator", "--port", "0", "--chunks", str(CHUNKS),
+        sys.executable, "-m", "llmspans.tools.simulator", "--port", "0", "--chunks", str(CHUNKS),
         "--first-chunk-delay", "0.02", "--chunk-gap", "0.005",
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)

@@ -16,8 +16,8 @@ import openai
 
 import llmspans
 from llmspans import _names as names
-from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import capture
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 FIRST, GAP, CHUNKS, RETRY_AFTER = 0.08, 0.02, 6, 0.04
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -15,7 +15,7 @@ import random
 import httpx
 
 import llmspans
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 
 @llmspans.retrieval(budget="120ms")

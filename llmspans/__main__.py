@@ -18,7 +18,7 @@ from llmspans.report._text import WIDTH
 
 
 def _parser() -> argparse.ArgumentParser:
-    from llmspans._demo import DEFAULT_CONCURRENCY, DEFAULT_REQUESTS, DEFAULT_SEED, SCENARIOS
+    from llmspans.tools.demo import DEFAULT_CONCURRENCY, DEFAULT_REQUESTS, DEFAULT_SEED, SCENARIOS
 
     parser = argparse.ArgumentParser(
         prog="llmspans", description="Where an LLM request's time goes: read the spans, or watch a demo."
@@ -81,9 +81,9 @@ def _demo(args: argparse.Namespace) -> int:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     import llmspans
-    from llmspans._demo import SCENARIOS, SERVICE_PREFIX, Progress, run
     from llmspans.report._analysis import analyse
     from llmspans.report._spans import spans_of_readable
+    from llmspans.tools.demo import SCENARIOS, SERVICE_PREFIX, Progress, run
 
     scenario = SCENARIOS[args.scenario]
     say = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the document alone

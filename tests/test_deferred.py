@@ -30,7 +30,7 @@ _CHILD = textwrap.dedent(
 
     import llmspans
     from llmspans import _deferred, _telemetry
-    from llmspans._simulator import Behavior, SimulatedServer
+    from llmspans.tools.simulator import Behavior, SimulatedServer
 
     # Delta temporality: every measurement is aggregated under the view's lock. The collections are of
     # the youngest generation, where the cycles below wait: the one a real allocation sets off most.

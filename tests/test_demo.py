@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from llmspans import _names as names
-from llmspans._demo import SCENARIOS, run
 from llmspans.report._analysis import analyse
 from llmspans.report._spans import spans_of_readable
 from llmspans.testing import Captured
+from llmspans.tools.demo import SCENARIOS, run
 
 # Enough turns for a p95 that is not simply the max (nearest rank 19 of 20), few enough for seconds.
 REQUESTS = 20

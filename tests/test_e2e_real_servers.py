@@ -103,7 +103,7 @@ def test_non_streamed_call_to_transformers_serve(
 
 CHILD = """
 import llmspans
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 import openai
 llmspans.configure(service_name="e2e", endpoint={endpoint!r}, protocol={protocol!r}, attempt_spans="always")
 with SimulatedServer(Behavior(chunks=3, usage="finish")) as server:

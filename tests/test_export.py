@@ -37,7 +37,7 @@ from tests.support.realservers import PhoenixServer
 
 APP = """
 import llmspans, openai
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 llmspans.configure(service_name="export-test", **CONFIGURE)
 with SimulatedServer(Behavior(chunks=3, usage="finish")) as server:
     client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="sk-never-exported"))

@@ -34,9 +34,9 @@ from hypothesis import strategies as st
 
 import llmspans
 from llmspans import _names as names
-from llmspans import _simulator
-from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import Captured
+from llmspans.tools import simulator as _simulator
+from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.timing import (
     CLIENT_SIDE,
     EXACT,

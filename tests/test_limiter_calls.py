@@ -12,8 +12,8 @@ import pytest
 
 import llmspans
 from llmspans import _names as names
-from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import Captured
+from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.timing import retry_timing
 
 HOLD = 0.1

@@ -17,8 +17,8 @@ import pytest
 import llmspans
 from llmspans import _call, _guard, _transport
 from llmspans import _names as names
-from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import Captured
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -20,8 +20,8 @@ import pytest
 
 import llmspans
 from llmspans import _names as names
-from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import Captured
+from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.timing import (
     EXACT,
     TOLERANCE,

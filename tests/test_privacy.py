@@ -57,7 +57,7 @@ logging.getLogger().addHandler(log)
 logging.getLogger().setLevel(logging.DEBUG)
 import httpx, openai, llmspans
 from llmspans import _guard
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 llmspans.configure(service_name="privacy", traces_file=TRACES, attempt_spans="always", **CONFIGURE)  # url.full scanned too
 S = SECRETS

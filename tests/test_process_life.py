@@ -29,8 +29,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 import llmspans
 from llmspans import _names as names
-from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import Captured
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -83,7 +83,7 @@ def received_traces(receiver: ThreadingHTTPServer) -> list[dict[str, Any]]:
 FORK_APP = """
 import os, sys, llmspans, openai
 from opentelemetry import trace
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 llmspans.configure(service_name="forking", **CONFIGURE)
 server = SimulatedServer(Behavior(chunks=3)).start()  # its threads stay in the parent and serve both
@@ -253,7 +253,7 @@ if FINALIZER_FIRST:
     # apps and libraries do at import) puts its atexit hook before the providers' flush.
     scratch = tempfile.TemporaryDirectory()
 import httpx, llmspans, openai
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 if INSTRUMENT:
     llmspans.configure(service_name="exiting", traces_file=TRACES)

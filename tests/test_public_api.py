@@ -10,6 +10,7 @@ def test_all_lists_exactly_the_public_names() -> None:
         "testing",
         "vllm",
         "report",
+        "tools",
     }
     assert set(llmspans.__all__) - {"__version__"} == public
     assert llmspans.__all__ == sorted(llmspans.__all__)
@@ -22,6 +23,24 @@ def test_importing_llmspans_does_not_import_openai() -> None:
     code = "import sys, llmspans; print('openai' in sys.modules, 'httpx2' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_runtime_loads_no_offline_tool() -> None:
+    """The report and the tools (simulator, demo) are offline: instrumenting, calling and a turn load none."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, httpx, llmspans\n"
+        "llmspans.instrument(httpx.Client())\n"
+        "with llmspans.turn('chat'):\n"
+        "    pass\n"
+        "print(sorted(n for n in sys.modules if n.startswith(('llmspans.report', 'llmspans.tools'))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
 
 
 def test_testing_module_exports() -> None:

@@ -54,7 +54,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import llmspans
 from llmspans import _call, _exporters, _guard, _openai, _telemetry
 from llmspans import _names as names
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.support.local_http import serving
 from tests.support.outage import OutageRun, run_outage_app
 
@@ -970,7 +970,7 @@ def test_every_span_lost_to_a_503_collector_is_counted(outage_503: Outage503) ->
 
 DISK_FULL_APP = """
 import json, time, llmspans, openai
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 from opentelemetry import trace
 
 llmspans.configure(service_name="disk-full", traces_file="/dev/full", metric_interval=0.2)  # writes fail: ENOSPC

@@ -643,20 +643,6 @@ def test_the_slowest_traces_never_lose_a_figure_or_its_unit() -> None:
         assert "…" in line  # the long root name is what gave way
 
 
-def test_import_llmspans_loads_no_report_module() -> None:
-    code = (
-        "import sys, httpx, llmspans\n"
-        "llmspans.instrument(httpx.Client())\n"
-        "with llmspans.turn('chat'):\n"
-        "    pass\n"
-        "print(sorted(name for name in sys.modules if name.startswith('llmspans.report')))\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert result.stdout.strip() == "[]"
-
-
 # --- the progress bar -----------------------------------------------------------------------------------
 
 

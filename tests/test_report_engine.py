@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from llmspans._demo import SCENARIOS, run
 from llmspans.report._cli import _Options, _span_report
 from llmspans.report._sources.file import FileSource
 from llmspans.testing import capture
+from llmspans.tools.demo import SCENARIOS, run
 from tests.support import report_reference
 
 FIXTURES = Path(__file__).parent / "fixtures"

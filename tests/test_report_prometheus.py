@@ -25,8 +25,8 @@ import pytest
 
 from llmspans import _names as names
 from llmspans.__main__ import main
-from llmspans._demo import BUDGETS, SCENARIOS, TURN_BUDGET
 from llmspans.report._compare import NO_INTERVAL
+from llmspans.tools.demo import BUDGETS, SCENARIOS, TURN_BUDGET
 from tests.support.local_http import serving
 from tests.support.prometheus import SCRAPE_INTERVAL_S, PrometheusServer, prometheus_server
 from tests.support.prometheus_app import TURNS, WARM_UP_TURNS

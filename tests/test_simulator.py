@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 MESSAGES: Any = [{"role": "user", "content": "say hello to the simulator"}]  # 5 words
 FULL_TEXT = "Hello, this is a simulated reply."  # the default 8 chunks
@@ -570,7 +570,7 @@ def test_command_line_entry_point() -> None:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llmspans._simulator", "--port", "0", "--chunks", "3"],
+        [sys.executable, "-m", "llmspans.tools.simulator", "--port", "0", "--chunks", "3"],
         stdout=subprocess.PIPE,
         text=True,
         env=env,

@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import llmspans
 from llmspans import _names as names
-from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import Captured
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -30,8 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import llmspans
 from llmspans import _names as names
-from llmspans._simulator import SimulatedServer
 from llmspans.testing import Captured
+from llmspans.tools.simulator import SimulatedServer
 from llmspans.vllm import ServerMetrics, ServerSnapshot, looks_like_vllm
 from tests.support.vllm_sim import FAMILIES, EngineConfig, OTLPReceiver, ReceivedSpan, VLLMSimulator
 from tests.timing import retry_timing

@@ -22,7 +22,7 @@ import atexit, json, logging, os, statistics, sys, time
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s|%(levelname)s|%(message)s")
 import llmspans, openai
 from llmspans import _setup
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 def at_exit():  # registered before configure(): runs after the providers' final flush
     print(json.dumps({"dropped": _setup._export_health[0].dropped, "failures": _setup._export_health[0].failures}), flush=True)

@@ -31,9 +31,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import start_http_server
 
-from llmspans import _demo
-from llmspans._demo import SCENARIOS, run
-from llmspans._simulator import SimulatedServer
+from llmspans.tools import demo as _demo
+from llmspans.tools.demo import SCENARIOS, run
+from llmspans.tools.simulator import SimulatedServer
 
 WARM_UP_TURNS = 4
 TURNS = 20

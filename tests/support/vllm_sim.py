@@ -1,7 +1,7 @@
 """A simulated vLLM OpenAI-compatible server, release by release, and an OTLP/HTTP trace receiver.
 
 vLLM needs CUDA, so tests talk to this instead. It stands on the simulator's HTTP core
-(`llmspans._simulator.HTTPCore`) and adds what a vLLM server does, from vLLM's own sources
+(`llmspans.tools.simulator.HTTPCore`) and adds what a vLLM server does, from vLLM's own sources
 (../shared/components.md, "vLLM release families"):
 
 - **A release knob.** `EngineConfig(version="0.11.0")` serves what that release serves; `FAMILIES`
@@ -72,7 +72,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from llmspans._simulator import _DONE_FRAME, Exchange, HTTPCore, _dumps, _sse, _token
+from llmspans.tools.simulator import _DONE_FRAME, Exchange, HTTPCore, _dumps, _sse, _token
 
 __all__ = [
     "FAMILIES",

@@ -18,8 +18,8 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.sdk.trace import ReadableSpan
 
 import llmspans
-from llmspans._simulator import Behavior, SimulatedServer
 from llmspans.testing import capture
+from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.support.vllm_sim import FAMILIES, EngineConfig, VLLMSimulator
 
 

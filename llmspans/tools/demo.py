@@ -24,7 +24,7 @@ import httpx
 
 import llmspans
 from llmspans import _suppress
-from llmspans._simulator import Behavior, SimulatedServer
+from llmspans.tools.simulator import Behavior, SimulatedServer
 
 DEFAULT_REQUESTS = 40
 DEFAULT_CONCURRENCY = 4

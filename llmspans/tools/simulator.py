@@ -1028,7 +1028,7 @@ def _read_body(rfile: BinaryIO, headers: Mapping[str, str]) -> bytes:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve in the foreground, so benchmarks can keep the server out of the measured process."""
     parser = argparse.ArgumentParser(
-        prog="python -m llmspans._simulator", description="Serve a simulated OpenAI-compatible API."
+        prog="python -m llmspans.tools.simulator", description="Serve a simulated OpenAI-compatible API."
     )
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: ephemeral)")
     parser.add_argument("--chunks", type=int, default=Behavior().chunks)
