@@ -271,7 +271,7 @@ def hot_path(chunks: int) -> None:
     """Per chunk, the instrumented stream's own work on pre-parsed chunks, against iterating them bare."""
     from openai.types.chat import ChatCompletionChunk
 
-    from llmspans import _openai
+    from llmspans._adapters import openai_sdk as _openai
     from llmspans._call import CallRecord
     from llmspans._stream import SyncStreamProxy
 
@@ -294,7 +294,7 @@ def hot_path(chunks: int) -> None:
 
     def instrumented() -> None:
         record = CallRecord(operation="chat", model=MODEL, provider="openai", stream=True)
-        call = _openai._Call(record, "/chat/completions", False, False)
+        call = _openai._Reading(record, "/chat/completions", False, False)
         reader = functools.partial(_openai._chat_item, call)
         for _ in SyncStreamProxy(reads(record), record, reader, lambda outcome, error, at_ns: None):
             pass

@@ -28,6 +28,7 @@ from opentelemetry.util.types import AttributeValue
 from llmspans import _budget, _deferred, _suppress, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
+from llmspans import _sites as sites
 from llmspans._budget import seconds
 from llmspans._gaps import _LINEAR as _SKETCH_LINEAR
 from llmspans._gaps import _MAX_BITS as _SKETCH_MAX_BITS
@@ -84,7 +85,7 @@ def end_open_calls() -> None:
         try:
             record.finish(names.OUTCOME_ABANDONED)
         except Exception as failure:
-            report("call.exit", failure)
+            report(sites.CALL_EXIT, failure)
 
 
 class CallRecord:
@@ -153,13 +154,13 @@ class CallRecord:
         _open_calls.add(self)
         self.budget = _budget.registry.resolve(names.STAGE_LLM, budget)
         self.turn = current_turn.get()
-        kind = self.kind = _kind_of(operation, model, provider, stream, server_address, server_port)
+        shape = self.shape = _shape_of(operation, model, provider, stream, server_address, server_port)
         self.suppressed = _suppress.suppressed()
         tracer = _suppress.NOOP_TRACER if self.suppressed else _telemetry.tracer()
         span = self.span = tracer.start_span(
-            kind.span_name,
+            shape.span_name,
             kind=SpanKind.CLIENT,
-            attributes=kind.span_attributes,
+            attributes=shape.span_attributes,
             start_time=self.wall_anchor_ns,
         )
         self.recording = recording = span.is_recording()
@@ -175,7 +176,7 @@ class CallRecord:
         """Epoch time of a monotonic stamp, on the span's own time line."""
         return self.wall_anchor_ns + (monotonic_ns - self.queued_ns)
 
-    @guarded("call.admitted", None)
+    @guarded(sites.CALL_ADMITTED, None)
     def admitted(self, now_ns: int, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         self.admitted_ns = now_ns
         if self.recording:
@@ -209,11 +210,11 @@ class CallRecord:
         """Admitted by a limiter: the call keeps its slot until it is over (a stream's end, not its headers)."""
         self.on_release = admission.release
         # The lane is the limiter's name, on the call's metrics as well as its span.
-        self.kind = self.kind.in_lane(admission.name)
+        self.shape = self.shape.in_lane(admission.name)
         self.admitted(admission.admitted_ns, admission.attributes() if self.recording else None)
         self.stamp_server_state()
 
-    @guarded("call.server_state", None)
+    @guarded(sites.CALL_SERVER_STATE, None)
     def stamp_server_state(self) -> None:
         """The server's state as last sampled, on the span, at the moment the call is admitted."""
         if self.server_state is not None and self.recording:
@@ -282,14 +283,14 @@ class CallRecord:
         if self.suppressed:
             self.chunk_live = _ignore_gap
             return counts
-        self.chunk_labels = self.kind.chunk_labels(self.response_model)
+        self.chunk_labels = self.shape.chunk_labels(self.response_model)
         try:
             recorder = _telemetry.recorder()
             self.chunk_live = recorder.chunk_recorder(
                 self.chunk_labels, recorder.sample(self.span, self.wall_ns(self.last_chunk_ns))
             )
         except Exception as failure:
-            report("call.chunk_metric", failure)
+            report(sites.CALL_CHUNK_METRIC, failure)
             self.chunk_live = _ignore_gap
         return counts
 
@@ -398,20 +399,20 @@ class CallRecord:
         released = now_ns if now_ns is not None else time.perf_counter_ns()
         self.released_ns = released
         try:
-            check_fault("call.finish")
+            check_fault(sites.CALL_FINISH)
             if not self.suppressed:
                 self._write(outcome, error, released)
         except Exception as failure:  # what @guarded does, without its extra frame on every call
-            report("call.finish", failure)
+            report(sites.CALL_FINISH, failure)
         finally:
             try:
                 self.span.end(end_time=self.wall_ns(released))
             except Exception as failure:  # a span processor that raises must not reach the app
-                report("call.span_end", failure)
+                report(sites.CALL_SPAN_END, failure)
             if self.on_release is not None:
                 self._release()
 
-    @guarded("call.release", None)
+    @guarded(sites.CALL_RELEASE, None)
     def _release(self) -> None:
         if self.on_release is not None:
             self.on_release()
@@ -495,15 +496,15 @@ class CallRecord:
         span.set_attributes(attributes)
 
     def _record_metrics(self, buckets: Mapping[str, int], duration_ns: int, exceeded: bool) -> None:
-        kind = self.kind
-        common, input_labels, output_labels = kind.result_labels(self.response_model, self.error_type)
+        shape = self.shape
+        common, input_labels, output_labels = shape.result_labels(self.response_model, self.error_type)
         duration = seconds(duration_ns)
         records: list[metric.Record] = [
             (metric.OPERATION_DURATION, duration, common),
             (metric.STAGE_DURATION, duration, _LLM_STAGE),
         ]
         bucket_duration = metric.BUCKET_DURATION
-        for bucket, labels in kind.bucket_labels:
+        for bucket, labels in shape.bucket_labels:
             records.append((bucket_duration, buckets[bucket] / 1e9, labels))  # `seconds`, inlined
         if self.input_tokens is not None:
             records.append((metric.TOKEN_USAGE, self.input_tokens, input_labels))
@@ -514,13 +515,13 @@ class CallRecord:
             issued = self.admitted_ns if self.admitted_ns is not None else self.queued_ns
             records.append((metric.TIME_TO_FIRST_CHUNK, seconds(self.first_chunk_ns - issued), common))
         for attempt in self.attempts[:-1]:
-            records.append((metric.RETRY_ATTEMPTS, 1, kind.retry_labels(attempt.cause or "unknown")))
+            records.append((metric.RETRY_ATTEMPTS, 1, shape.retry_labels(attempt.cause or "unknown")))
         opened = 0
         for attempt in self.attempts:
             if attempt.new_connection:
                 opened += 1
         if opened:
-            records.append((metric.CONNECT_NEW, opened, kind.metric_labels))
+            records.append((metric.CONNECT_NEW, opened, shape.metric_labels))
         if exceeded:
             records.append((metric.BUDGET_EXCEEDED, 1, _LLM_STAGE))
         recorder = _telemetry.recorder()
@@ -541,15 +542,15 @@ def _ignore_gap(_gap_ns: int) -> None:
 
 
 _LLM_STAGE = metric.Labels({names.STAGE: names.STAGE_LLM})
-_KEPT = 256  # distinct call kinds (and result variants of one kind) cached at once
+_KEPT = 256  # distinct call shapes (and result variants of one shape) cached at once
 
 
-class _CallKind:
-    """What every call of one kind (operation, model, provider, server, lane) shares, built once.
+class _CallShape:
+    """What every call of one shape (operation, model, provider, server, lane) shares, built once.
 
     The span's name and opening attributes and the attribute sets its metrics are recorded
     with are the same call after call: building them once keeps dictionary building off the
-    request path. They are shared by every call of the kind, hence read-only.
+    request path. They are shared by every call of the shape, hence read-only.
     """
 
     __slots__ = (
@@ -579,7 +580,7 @@ class _CallKind:
         self._results: dict[tuple[str | None, str | None], tuple[metric.Labels, ...]] = {}
         self._chunks: dict[str | None, metric.Labels] = {}
         self._retries: dict[str, metric.Labels] = {}
-        self._lanes: dict[str, _CallKind] = {}
+        self._lanes: dict[str, _CallShape] = {}
 
     def result_labels(self, response_model: str | None, error_type: str | None) -> tuple[metric.Labels, ...]:
         """The attribute sets of the duration and token metrics: common, input tokens, output tokens."""
@@ -620,22 +621,22 @@ class _CallKind:
             self._retries[cause] = found
         return found
 
-    def in_lane(self, lane: str) -> _CallKind:
-        """The same kind admitted by the limiter `lane`: its metrics carry the lane's name."""
+    def in_lane(self, lane: str) -> _CallShape:
+        """The same shape admitted by the limiter `lane`: its metrics carry the lane's name."""
         found = self._lanes.get(lane)
         if found is None:
             metric_attributes = {**self.metric_labels.attributes, names.LIMITER_NAME: lane}
-            found = _CallKind(self.span_name, self.span_attributes, metric_attributes)
+            found = _CallShape(self.span_name, self.span_attributes, metric_attributes)
             if len(self._lanes) >= _KEPT:
                 self._lanes.clear()
             self._lanes[lane] = found
         return found
 
 
-def _new_kind(
+def _new_shape(
     operation: str, model: str | None, provider: str, stream: bool, server_address: str | None,
     server_port: int | None,
-) -> _CallKind:  # fmt: skip
+) -> _CallShape:  # fmt: skip
     span_attributes: dict[str, AttributeValue] = {
         names.GEN_AI_OPERATION_NAME: operation,
         names.GEN_AI_PROVIDER_NAME: provider,
@@ -656,23 +657,23 @@ def _new_kind(
     if server_port:
         span_attributes[names.SERVER_PORT] = server_port
         metric_attributes[names.SERVER_PORT] = server_port
-    return _CallKind(f"{operation} {model}" if model else operation, span_attributes, metric_attributes)
+    return _CallShape(f"{operation} {model}" if model else operation, span_attributes, metric_attributes)
 
 
-_kinds: dict[tuple[Any, ...], _CallKind] = {}
+_shapes: dict[tuple[Any, ...], _CallShape] = {}
 
 
-def _kind_of(
+def _shape_of(
     operation: str, model: str | None, provider: str, stream: bool, server_address: str | None,
     server_port: int | None,
-) -> _CallKind:  # fmt: skip
+) -> _CallShape:  # fmt: skip
     key = (operation, model, provider, stream, server_address, server_port)
     try:
-        kind = _kinds.get(key)
+        shape = _shapes.get(key)
     except TypeError:  # an unhashable value: build it for this call alone
-        return _new_kind(*key)
-    if kind is None:
-        if len(_kinds) >= _KEPT:
-            _kinds.clear()
-        kind = _kinds[key] = _new_kind(*key)
-    return kind
+        return _new_shape(*key)
+    if shape is None:
+        if len(_shapes) >= _KEPT:
+            _shapes.clear()
+        shape = _shapes[key] = _new_shape(*key)
+    return shape

@@ -9,12 +9,16 @@ that it emits no content events (nor does `SPAN_AND_EVENT` add any). Anything el
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from llmspans import _names as names
+
+if TYPE_CHECKING:
+    from llmspans._call import CallRecord
 
 Redactor = Callable[[Any], Any]
 CaptureSetting = Union[bool, Redactor, None]  # noqa: UP007 - a runtime alias must work on 3.10
@@ -59,3 +63,23 @@ def _from_environment(raw: str) -> bool:
             "; nothing is recorded" if value == "event_only" else "",
         )  # fmt: skip
     return value in _ON
+
+
+def write(record: CallRecord, setting: CaptureSetting, attribute: str, messages: Any) -> None:
+    """Serialise opted-in content through the user's redaction hook, capped in length."""
+    if not setting or messages is None:
+        return
+    if callable(setting) and not isinstance(setting, bool):
+        messages = setting(messages)
+        if messages is None:
+            return
+    text = messages if isinstance(messages, str) else json.dumps(messages, ensure_ascii=False, default=str)
+    record.set_attributes({attribute: text[:MAX_CONTENT_CHARS]})
+
+
+def write_output(record: CallRecord, setting: CaptureSetting, text: str) -> None:
+    """The answer as the GenAI output messages: one assistant message with one text part."""
+    write(
+        record, setting, names.GEN_AI_OUTPUT_MESSAGES,
+        [{"role": "assistant", "parts": [{"type": "text", "content": text}]}],
+    )  # fmt: skip

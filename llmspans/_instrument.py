@@ -4,29 +4,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from llmspans import _budget, _content, _transport
+from llmspans import _budget, _content
+from llmspans._adapters import Adapter, openai_sdk, plain_http
 from llmspans._limiter import Limiter
-from llmspans._openai import _MARK, OpenAIInstrumentation, Settings, check_attempt_spans
+from llmspans._settings import Settings, check_attempt_spans
 
 if TYPE_CHECKING:
     from llmspans.vllm import ServerMetrics
 
 C = TypeVar("C")
-_SUPPORTED = (
-    "openai.OpenAI, openai.AsyncOpenAI (and their Azure subclasses), httpx.Client, httpx.AsyncClient, "
-    "httpx2.Client or httpx2.AsyncClient"
-)
-_PLAIN_MARK = "_llmspans_plain"
+
+# Every client family llmspans instruments, first match wins (an SDK client before a plain one).
+ADAPTERS: tuple[Adapter, ...] = (openai_sdk.ADAPTER, plain_http.ADAPTER)
+_SUPPORTED = ", ".join(adapter.name for adapter in ADAPTERS)
 
 
-def _kind(client: Any) -> str | None:
-    for cls in type(client).__mro__:
-        module = cls.__module__.split(".")[0]
-        if module == "openai" and cls.__name__ in ("OpenAI", "AsyncOpenAI"):
-            return "openai"
-        if module in ("httpx", "httpx2") and cls.__name__ in ("Client", "AsyncClient"):
-            return "http"
-    return None
+def adapter_for(client: Any) -> Adapter | None:
+    return next((adapter for adapter in ADAPTERS if adapter.matches(client)), None)
 
 
 def instrument(
@@ -48,8 +42,8 @@ def instrument(
     `attempt_spans="always"` gives every HTTP attempt a span; by default ("retries", or what
     `configure(attempt_spans=...)` chose) only the attempts of a call that retried get one.
     """
-    kind = _kind(client)
-    if kind is None:
+    adapter = adapter_for(client)
+    if adapter is None:
         raise TypeError(
             f"llmspans.instrument() supports {_SUPPORTED}; got {type(client).__module__}.{type(client).__qualname__}"
         )
@@ -66,7 +60,7 @@ def instrument(
     attempt_spans = check_attempt_spans(attempt_spans)
     budget_seconds = None if budget is None else _budget.parse_seconds(budget, what="budget for the LLM call")
     capture = _content.check(capture_content)
-    if _instrumented(client, kind):
+    if adapter.installed(client) is not None:
         return client
     sampler: ServerMetrics | None = None
     if server_metrics is True:
@@ -76,7 +70,7 @@ def instrument(
     elif server_metrics is not False:
         sampler = server_metrics
     settings = Settings(
-        provider=provider or "openai",
+        provider=provider or adapter.default_provider(client),
         budget=budget_seconds,
         capture_content=capture,
         request_usage=request_usage,
@@ -85,35 +79,14 @@ def instrument(
         owns_server_metrics=server_metrics is True,
         attempt_spans=attempt_spans,
     )
-    if kind == "openai":
-        OpenAIInstrumentation(client, settings).install()
-    else:
-        from llmspans._httpx_client import PlainClientCalls
-
-        _transport.install(client, PlainClientCalls(settings))
-        setattr(client, _PLAIN_MARK, settings)
+    adapter.install(client, settings)
     return client
-
-
-def _instrumented(client: Any, kind: str) -> bool:
-    if kind == "openai":
-        return getattr(client, _MARK, None) is not None
-    return getattr(client, _PLAIN_MARK, None) is not None
 
 
 def uninstrument(client: C) -> C:
     """Undo `instrument()`; harmless on a client that is not instrumented."""
-    kind = _kind(client)
-    if kind is None:
+    adapter = adapter_for(client)
+    if adapter is None:
         raise TypeError(f"llmspans.uninstrument() supports {_SUPPORTED}; got {type(client).__qualname__}")
-    if kind == "openai":
-        installed = getattr(client, _MARK, None)
-        if installed is not None:
-            installed.uninstall()
-    else:
-        settings = getattr(client, _PLAIN_MARK, None)
-        if settings is not None:
-            _transport.remove(client)
-            delattr(client, _PLAIN_MARK)
-            settings.close()
+    adapter.uninstall(client)
     return client

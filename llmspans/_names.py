@@ -139,6 +139,10 @@ ENV_BUDGETS: Final = "LLMSPANS_BUDGETS"
 ENV_CAPTURE_CONTENT: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 DEFAULT_TRACES_FILE: Final = "llmspans-traces.jsonl"
 
+# --- providers (`gen_ai.provider.name`) ---------------------------------------------------------
+PROVIDER_OPENAI: Final = "openai"
+PROVIDER_AZURE_OPENAI: Final = "azure.ai.openai"  # the conventions' value for Azure OpenAI
+
 # --- vLLM ---------------------------------------------------------------------------------------
 PROVIDER_VLLM: Final = "vllm"
 GEN_AI_REQUEST_TOP_K: Final = "gen_ai.request.top_k"

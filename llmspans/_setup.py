@@ -36,7 +36,7 @@ from llmspans import _exporters as exporters
 from llmspans import _names as names
 from llmspans._aggregation import AggregatingReader, Aggregation, exemplar_filter
 from llmspans._exporters import PROTOCOLS, Compression, Protocol
-from llmspans._openai import check_attempt_spans, set_configured_attempt_spans
+from llmspans._settings import check_attempt_spans, set_configured_attempt_spans
 from llmspans._version import __version__
 
 logger = logging.getLogger("llmspans")

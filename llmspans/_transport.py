@@ -28,11 +28,12 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from llmspans import _deferred, _guard, _telemetry
+from llmspans import _deferred, _telemetry
 from llmspans import _names as names
+from llmspans import _sites as sites
 from llmspans._budget import seconds
 from llmspans._call import Attempt, CallRecord
-from llmspans._guard import InjectedFault, guarded, report, swallow
+from llmspans._guard import check_fault, guarded, report, swallow
 from llmspans._limiter import Limiter
 from llmspans._names import PROVIDER_VLLM
 
@@ -112,7 +113,7 @@ _open_attempts: weakref.WeakSet[_AttemptScope] = weakref.WeakSet()
 def end_open_attempts() -> None:
     """At interpreter exit: end every attempt whose response body was never closed (and its call)."""
     for scope in list(_open_attempts):
-        with swallow("transport.exit"):
+        with swallow(sites.TRANSPORT_EXIT):
             scope.close()
 
 
@@ -154,8 +155,10 @@ class _AttemptScope:
                 first.span = _start_attempt_span(record, first)
                 _end_attempt_span(record, first, first.span, None)
             parent = attempt.span = _start_attempt_span(record, attempt)
-        with swallow("transport.inject"):  # a raising propagator must not reach the app
-            _inject(request.headers, trace.set_span_in_context(parent), record.kind.provider == PROVIDER_VLLM)
+        with swallow(sites.TRANSPORT_INJECT):  # a raising propagator must not reach the app
+            _inject(
+                request.headers, trace.set_span_in_context(parent), record.shape.provider == PROVIDER_VLLM
+            )
 
     def on_trace_event(self, event: str) -> None:
         if event == "connection.connect_tcp.started":
@@ -166,7 +169,7 @@ class _AttemptScope:
             self.attempt.connected_ns = now
             self.attempt.connect_ns = now - (self.connect_started_ns or self.attempt.started_ns)
 
-    @guarded("transport.response", None)
+    @guarded(sites.TRANSPORT_RESPONSE, None)
     def responded(self, status: int, headers: Any) -> None:
         attempt = self.attempt
         attempt.status = status
@@ -177,7 +180,7 @@ class _AttemptScope:
             self.observer.response_headers(headers)  # the body it will see is still content-encoded
 
     def failed(self, error: BaseException) -> None:
-        with swallow("transport.failed"):
+        with swallow(sites.TRANSPORT_FAILED):
             self.attempt.cause = cause_of(error)
             self.attempt.error_type = type(error).__qualname__
         self.close(error)
@@ -204,11 +207,11 @@ class _AttemptScope:
         if error is not None and attempt.error_type is None:  # the body failed after the headers
             attempt.error_type = type(error).__qualname__
         if attempt.span is not None:
-            with swallow("transport.span_end"):  # a span processor that raises must not reach the app
+            with swallow(sites.TRANSPORT_SPAN_END):  # a span processor that raises must not reach the app
                 _end_attempt_span(self.record, attempt, attempt.span, error)
         if self.owns_call:
             if self.observer is not None:
-                with swallow("transport.observer"):
+                with swallow(sites.TRANSPORT_OBSERVER):
                     self.observer.finish(now, error)
             self.record.finish(self._outcome(error), error=error, now_ns=now)
         elif self.record.finish_on_close and self.record.attempts and self.record.attempts[-1] is attempt:
@@ -281,7 +284,7 @@ def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
 
         async def atrace(event: str, info: dict[str, Any]) -> None:
             if event in _CONNECTION_EVENTS:
-                with swallow("transport.trace"):
+                with swallow(sites.TRANSPORT_TRACE):
                     scope.on_trace_event(event)
             if previous is not None:
                 await previous(event, info)
@@ -291,7 +294,7 @@ def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
 
         def strace(event: str, info: dict[str, Any]) -> None:
             if event in _CONNECTION_EVENTS:
-                with swallow("transport.trace"):
+                with swallow(sites.TRANSPORT_TRACE):
                     scope.on_trace_event(event)
             if previous is not None:
                 previous(event, info)
@@ -301,7 +304,7 @@ def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
 
 def _end_collected(scope: _AttemptScope, at_ns: int) -> None:
     """Collection of an unclosed body still ends the attempt (and a plain call), at the collection."""
-    with swallow("transport.gc"):
+    with swallow(sites.TRANSPORT_GC):
         scope.close(None, at_ns)
 
 
@@ -374,7 +377,8 @@ class _SyncBody(_Body):
         try:
             self._inner.close()
         finally:
-            self._scope.close()
+            with swallow(sites.TRANSPORT_CLOSE):  # the app's own close must not see our failure
+                self._scope.close()
 
 
 class _AsyncBody(_Body):
@@ -400,11 +404,12 @@ class _AsyncBody(_Body):
         try:
             await self._inner.aclose()
         finally:
-            self._scope.close()
+            with swallow(sites.TRANSPORT_CLOSE):
+                self._scope.close()
 
 
 def _observe(observer: BodyObserver, chunk: bytes, now_ns: int) -> None:
-    with swallow("transport.observe"):
+    with swallow(sites.TRANSPORT_OBSERVE):
         observer.feed(chunk, now_ns)
 
 
@@ -420,8 +425,7 @@ class _Transport:
         """The call this request belongs to: the adapter's, or a new one a plain client's request opens
         (True: the transport owns it); None: not an LLM call, or llmspans failed and stands aside."""
         try:
-            if _guard._faults and "transport.begin" in _guard._faults:
-                raise InjectedFault("transport.begin")
+            check_fault(sites.TRANSPORT_BEGIN)
             record = active_call.get()
             if record is None:
                 plain = self._plain
@@ -431,7 +435,7 @@ class _Transport:
                 return None if opened is None else (opened[0], opened[1], True)
             return None if record.finished else (record, None, False)
         except Exception as failure:
-            report("transport.begin", failure)
+            report(sites.TRANSPORT_BEGIN, failure)
             return None
 
     def _limiter(self, opened: tuple[CallRecord, BodyObserver | None, bool]) -> Limiter | None:
@@ -443,20 +447,19 @@ class _Transport:
     ) -> _AttemptScope | None:
         record, observer, owns = opened
         try:
-            if _guard._faults and "transport.attempt" in _guard._faults:
-                raise InjectedFault("transport.attempt")
+            check_fault(sites.TRANSPORT_ATTEMPT)
             scope = _AttemptScope(record, request, owns, observer)
             _chain_trace(request, scope, is_async)
             return scope
         except Exception as failure:
-            report("transport.attempt", failure)
+            report(sites.TRANSPORT_ATTEMPT, failure)
             if owns:  # a call we opened must still end
                 record.finish(names.OUTCOME_COMPLETED)
             return None
 
     def _answered(self, scope: _AttemptScope, response: Any, body: type[_Body]) -> None:
         scope.responded(response.status_code, response.headers)
-        with swallow("transport.wrap_body"):
+        with swallow(sites.TRANSPORT_WRAP_BODY):
             response.stream = body(response.stream, scope)
 
 

@@ -194,7 +194,7 @@ def _hex_id(value: str | None, size: int, what: str) -> str:
     return raw.hex()
 
 
-def _kind(value: int | str | None) -> int:
+def _span_kind(value: int | str | None) -> int:
     if value is None:
         return 0
     if isinstance(value, int):
@@ -245,7 +245,7 @@ def _span(raw: _Span, service: str, process: str) -> Span:
         span_id,
         parent_id,
         raw.name,
-        kind if isinstance(kind, int) else _kind(kind),
+        kind if isinstance(kind, int) else _span_kind(kind),
         start,
         end,
         attributes,

@@ -1,9 +1,9 @@
-"""The plain-client adapter: an httpx or httpx2 client pointed at an OpenAI-compatible server.
+"""Plain httpx and httpx2 clients pointed at an OpenAI-compatible server (vLLM, a gateway, ...).
 
 Requests to the OpenAI-compatible paths become calls (model and stream flag read from the
 JSON body); the response is observed as it is read, an SSE body event by event, a JSON
 body once complete, and never buffered beyond one bounded JSON body. Other requests pass
-through untouched.
+through untouched. What the body says is read by the wire format (`_openai_wire`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,47 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from llmspans import _content, _sse
+from llmspans import _content, _openai_wire, _sse, _transport
 from llmspans import _names as names
+from llmspans import _sites as sites
 from llmspans._call import CallRecord
 from llmspans._guard import guarded, swallow
-from llmspans._openai import Settings, input_messages, operation_for, write_content
+from llmspans._settings import Settings
+
+_MARK = "_llmspans_plain"
+
+
+class PlainHTTP:
+    """The adapter for `httpx.Client`/`AsyncClient` and `httpx2.Client`/`AsyncClient`."""
+
+    name = "httpx.Client, httpx.AsyncClient, httpx2.Client or httpx2.AsyncClient"
+
+    def matches(self, target: Any) -> bool:
+        return any(
+            cls.__module__.split(".")[0] in ("httpx", "httpx2") and cls.__name__ in ("Client", "AsyncClient")
+            for cls in type(target).__mro__
+        )
+
+    def default_provider(self, client: Any) -> str:
+        return names.PROVIDER_OPENAI  # an OpenAI-compatible API; `provider=` names the server
+
+    def install(self, client: Any, settings: Settings) -> None:
+        _transport.install(client, OpenAIPathCalls(settings))
+        setattr(client, _MARK, settings)
+
+    def uninstall(self, client: Any) -> None:
+        settings = getattr(client, _MARK, None)
+        if settings is not None:
+            _transport.remove(client)
+            delattr(client, _MARK)
+            settings.close()
+
+    def installed(self, client: Any) -> Settings | None:
+        return getattr(client, _MARK, None)
+
+
+ADAPTER = PlainHTTP()
+
 
 _MAX_JSON_BODY = 8 * 1024 * 1024
 
@@ -73,7 +109,7 @@ class _StreamObserver(_BodyReader):
         self._parser = _sse.SSEObserver(self._on_event)
 
     def _on_event(self, event: str | None, data: str) -> None:
-        info = _sse.classify(event, data)
+        info = _openai_wire.classify(event, data)
         if info is None:
             return
         if info.done or (self.responses_api and info.finish_reasons):
@@ -99,7 +135,7 @@ class _StreamObserver(_BodyReader):
 
     def finish(self, now_ns: int, error: BaseException | None) -> None:
         if self.output is not None:
-            _write_output(self.record, self.capture, "".join(self.output))
+            _content.write_output(self.record, self.capture, "".join(self.output))
 
 
 class _JsonObserver(_BodyReader):
@@ -121,49 +157,27 @@ class _JsonObserver(_BodyReader):
     def finish(self, now_ns: int, error: BaseException | None) -> None:
         body = b"".join(self._parts)
         self._parts.clear()
-        info = _sse.classify_json_body(body) if body else None
+        info = _openai_wire.classify_json_body(body) if body else None
         if info is None:
             return
         self.record.set_response(info.response_id, info.model, info.finish_reasons)
         self.record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
         if self.capture:
-            _write_output(self.record, self.capture, _output_text(body))
+            _content.write_output(self.record, self.capture, info.content_text or "")
 
 
-def _output_text(body: bytes) -> str:
-    data = json.loads(body)
-    texts = []
-    for choice in data.get("choices") or ():
-        message = choice.get("message") or {}
-        text = message.get("content") if message else choice.get("text")
-        if isinstance(text, str):
-            texts.append(text)
-    if isinstance(data.get("output_text"), str):
-        texts.append(data["output_text"])
-    return "".join(texts)
-
-
-def _write_output(record: CallRecord, capture: _content.CaptureSetting, text: str) -> None:
-    write_content(
-        record,
-        capture,
-        names.GEN_AI_OUTPUT_MESSAGES,
-        [{"role": "assistant", "parts": [{"type": "text", "content": text}]}],
-    )
-
-
-class PlainClientCalls:
+class OpenAIPathCalls:
     """Opens a call record for each request a plain client sends to an OpenAI-compatible path."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.limiter = settings.limiter
 
-    @guarded("httpx.begin", None)
+    @guarded(sites.HTTPX_BEGIN, None)
     def begin(self, request: Any) -> tuple[CallRecord, Any] | None:
         if request.method != "POST":
             return None
-        operation = operation_for(request.url.path)
+        operation = _openai_wire.operation_for(request.url.path)
         if operation is None:
             return None
         body: Mapping[str, Any] = {}
@@ -183,10 +197,12 @@ class PlainClientCalls:
         record = self.settings.new_record(operation, body, stream, url)
         capture = _content.resolve(self.settings.capture_content) if record.recording else False
         if capture:
-            with swallow("httpx.content"):  # a redaction hook that raises must not leave the span open
-                write_content(record, capture, names.GEN_AI_INPUT_MESSAGES, input_messages(body))
+            with swallow(sites.HTTPX_CONTENT):  # a redaction hook that raises must not leave the span open
+                _content.write(
+                    record, capture, names.GEN_AI_INPUT_MESSAGES, _openai_wire.input_messages(body)
+                )
         observer: _StreamObserver | _JsonObserver = (
-            _StreamObserver(record, capture, responses_api=url.path.rstrip("/").endswith("/responses"))
+            _StreamObserver(record, capture, responses_api=_openai_wire.is_responses_path(url.path))
             if stream
             else _JsonObserver(record, capture)
         )

@@ -1,0 +1,438 @@
+"""The openai SDK: its requests, streams and responses as call events.
+
+It wraps the client's own `request()` (the one place every operation passes through, once per
+logical call, around the SDK's retry loop), so one call record spans all attempts; the transport
+layer under the client's HTTP client sees each attempt. Works with openai 1.x/2.x (httpx) and 3.x
+(httpx2). Imports nothing from openai until a client is instrumented.
+
+What a response says is read by the wire format (`_openai_wire`), except the streamed chunks:
+the per-chunk readers here read the SDK's chunk objects by attribute, for speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import wrapt
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from llmspans import _content, _openai_wire, _transport
+from llmspans import _names as names
+from llmspans import _sites as sites
+from llmspans._call import CallRecord
+from llmspans._guard import check_fault, report, swallow
+from llmspans._openai_wire import RESPONSES_DELTAS, ChunkInfo
+from llmspans._settings import Settings
+from llmspans._stream import AsyncStreamProxy, SyncStreamProxy
+
+_MARK = "_llmspans_instrumentation"
+_RESPONSE_EVENTS = frozenset(
+    {"response.created", "response.completed", "response.incomplete", "response.failed"}
+)
+
+
+class OpenAISDK:
+    """The adapter for `openai.OpenAI` and `openai.AsyncOpenAI` (their Azure subclasses too)."""
+
+    name = "openai.OpenAI, openai.AsyncOpenAI (and their Azure subclasses)"
+
+    def matches(self, target: Any) -> bool:
+        return any(
+            cls.__module__.split(".")[0] == "openai" and cls.__name__ in ("OpenAI", "AsyncOpenAI")
+            for cls in type(target).__mro__
+        )
+
+    def default_provider(self, client: Any) -> str:
+        """`azure.ai.openai` for an Azure client (the conventions' value), else `openai`."""
+        azure = any(cls.__name__ in ("AzureOpenAI", "AsyncAzureOpenAI") for cls in type(client).__mro__)
+        return names.PROVIDER_AZURE_OPENAI if azure else names.PROVIDER_OPENAI
+
+    def install(self, client: Any, settings: Settings) -> None:
+        OpenAIInstrumentation(client, settings).install()
+
+    def uninstall(self, client: Any) -> None:
+        installed = getattr(client, _MARK, None)
+        if installed is not None:
+            installed.uninstall()
+
+    def installed(self, client: Any) -> Settings | None:
+        installed = getattr(client, _MARK, None)
+        return None if installed is None else installed.settings
+
+
+ADAPTER = OpenAISDK()
+
+
+class _Reading:
+    """What the adapter keeps beside one call's record while it reads the response."""
+
+    __slots__ = ("capture", "hide_usage", "operation", "output", "record")
+
+    def __init__(
+        self, record: CallRecord, operation: str, hide_usage: bool, capture: _content.CaptureSetting
+    ) -> None:
+        self.record = record
+        self.operation = operation
+        self.hide_usage = hide_usage
+        self.capture = capture
+        self.output: list[str] | None = [] if capture else None
+
+
+# --- reading the SDK's objects -------------------------------------------------------------
+
+
+def _apply(record: CallRecord, info: ChunkInfo) -> None:
+    """What a whole response (or a Responses event carrying one) says, on the call."""
+    record.set_response(info.response_id, info.model, info.finish_reasons)
+    record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
+
+
+def _usage(record: CallRecord, usage: Any) -> None:
+    record.set_usage(*_openai_wire.read_usage(usage))
+
+
+def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
+    """One streamed chat chunk (the per-chunk path): is it content, did a choice finish, any usage."""
+    record = reading.record
+    if record.response_id is None:
+        record.set_response(getattr(item, "id", None), getattr(item, "model", None))
+    choices = item.choices
+    usage = item.usage
+    if choices:
+        content = False
+        for choice in choices:
+            delta = choice.delta
+            if not content and delta is not None:
+                text = delta.content
+                if text or delta.tool_calls or getattr(delta, "reasoning_content", None):
+                    content = True  # one content chunk however many choices it carries
+                    record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
+                    if reading.output is not None and text:
+                        reading.output.append(text)
+            reason = choice.finish_reason
+            if reason:
+                record.choice_finished(choice.index, reason)
+    if usage is not None:
+        _usage(record, usage)
+        return reading.hide_usage and not choices
+    return False
+
+
+def _tokens_in(record: CallRecord, usage: Any) -> int:
+    """Tokens a content chunk carried, from cumulative usage on every chunk (vLLM's continuous stats)."""
+    total = getattr(usage, "completion_tokens", None)
+    if not isinstance(total, int) or isinstance(total, bool):
+        return 1
+    return max(1, total - (record.output_tokens or 0))
+
+
+def _completion_item(reading: _Reading, item: Any, now: int) -> bool:
+    record = reading.record
+    if record.response_id is None:
+        record.set_response(getattr(item, "id", None), getattr(item, "model", None))
+    choices = item.choices
+    if choices:
+        text = choices[0].text
+        if text:
+            record.content_chunk(now)
+            if reading.output is not None:
+                reading.output.append(text)
+        for choice in choices:
+            if choice.finish_reason:
+                record.choice_finished(getattr(choice, "index", None), choice.finish_reason)
+    usage = getattr(item, "usage", None)
+    if usage is not None:
+        _usage(record, usage)
+        return reading.hide_usage and not choices
+    return False
+
+
+def _responses_item(reading: _Reading, item: Any, now: int) -> bool:
+    kind = getattr(item, "type", None)
+    answer = RESPONSES_DELTAS.get(kind) if isinstance(kind, str) else None
+    if answer is not None:
+        delta = getattr(item, "delta", None)
+        if delta:
+            reading.record.content_chunk(now)
+            if reading.output is not None and answer:
+                reading.output.append(delta)
+    elif kind in _RESPONSE_EVENTS:
+        _apply(reading.record, _openai_wire.read_response_event(kind, getattr(item, "response", None)))
+    return False
+
+
+def _item_reader(operation_path: str) -> Callable[[_Reading, Any, int], bool]:
+    if operation_path.endswith("/responses"):
+        return _responses_item
+    if operation_path.endswith("/chat/completions"):
+        return _chat_item
+    return _completion_item
+
+
+def _read_result(reading: _Reading, result: Any) -> None:
+    """A complete (non-streamed) response: an SDK object, or the decoded body of a raw one."""
+    info = _openai_wire.read_payload(result)
+    _apply(reading.record, info)
+    if reading.capture:
+        reading.output = [info.content_text] if info.content_text is not None else []
+
+
+def _finish(
+    reading: _Reading, outcome: str, error: BaseException | None = None, at_ns: int | None = None
+) -> None:
+    if reading.output is not None and not reading.record.finished:
+        with swallow(sites.OPENAI_CONTENT):
+            _content.write_output(reading.record, reading.capture, "".join(reading.output))
+    reading.record.finish(outcome, error=error, now_ns=at_ns)
+
+
+# --- wrapping the client --------------------------------------------------------------------
+
+
+class OpenAIInstrumentation:
+    """Installed on one openai client; `uninstall()` puts everything back."""
+
+    def __init__(self, client: Any, settings: Settings) -> None:
+        import openai
+
+        self.client = client
+        self.settings = settings
+        self.is_async = isinstance(client, openai.AsyncOpenAI)
+        self._stream_types = (openai.Stream, openai.AsyncStream)
+        from openai import _legacy_response, _response
+
+        self._raw_types = (
+            _legacy_response.LegacyAPIResponse,
+            _response.APIResponse,
+            _response.AsyncAPIResponse,
+        )
+        self._original_request = client.request
+        self._original_copy = client.copy
+        self._transport_installed = False
+
+    def install(self) -> None:
+        client = self.client
+        client.request = self._async_request if self.is_async else self._sync_request
+        client.copy = client.with_options = self._copy
+        self._transport_installed = _transport.install(client._client)
+        setattr(client, _MARK, self)
+
+    def uninstall(self) -> None:
+        client = self.client
+        for attribute in ("request", "copy", "with_options"):
+            client.__dict__.pop(attribute, None)
+        if self._transport_installed:
+            _transport.remove(client._client)
+        client.__dict__.pop(_MARK, None)
+        self.settings.close()
+
+    def _copy(self, *args: Any, **kwargs: Any) -> Any:
+        copied = self._original_copy(*args, **kwargs)
+        with swallow(sites.OPENAI_COPY):
+            if getattr(copied, _MARK, None) is None:
+                # A copy shares the original's sampler; only the original closes it.
+                shared = dataclasses.replace(self.settings, owns_server_metrics=False)
+                OpenAIInstrumentation(copied, shared).install()
+        return copied
+
+    def _begin(self, options: Any) -> tuple[_Reading, Any] | None:
+        """Open the call for one request (None: not an LLM call, or llmspans failed and stands aside)."""
+        try:
+            check_fault(sites.OPENAI_BEGIN)
+            return self._open(options)
+        except Exception as failure:
+            report(sites.OPENAI_BEGIN, failure)
+            return None
+
+    def _open(self, options: Any) -> tuple[_Reading, Any] | None:
+        url = getattr(options, "url", "")
+        operation = _openai_wire.operation_for(url) if isinstance(url, str) else None
+        if operation is None:
+            return None
+        body = options.json_data if isinstance(options.json_data, Mapping) else {}
+        extra = getattr(options, "extra_json", None)
+        if isinstance(extra, Mapping) and extra:
+            body = {**body, **extra}  # extra_body: what the SDK sends merged into the JSON
+        stream = body.get("stream") is True
+        hide_usage = False
+        if (
+            self.settings.request_usage and stream and operation == names.OPERATION_CHAT
+            and not _openai_wire.is_responses_path(url) and "stream_options" not in body
+        ):  # fmt: skip
+            options = options.model_copy()
+            options.json_data = {**options.json_data, "stream_options": {"include_usage": True}}
+            hide_usage = True
+        record = self.settings.new_record(operation, body, stream, self.client.base_url)
+        capture = _content.resolve(self.settings.capture_content) if record.recording else False
+        reading = _Reading(record, url.rstrip("/"), hide_usage, capture)
+        if capture:
+            with swallow(sites.OPENAI_CONTENT):
+                _content.write(
+                    record, capture, names.GEN_AI_INPUT_MESSAGES, _openai_wire.input_messages(body)
+                )
+        return reading, options
+
+    def _wrap_result(self, reading: _Reading, result: Any) -> Any:
+        """The object to hand the caller: a stream proxy, a raw-response proxy, or the result itself;
+        None when llmspans failed (the caller then gets the SDK's object)."""
+        try:
+            check_fault(sites.OPENAI_RESULT)
+            if isinstance(result, self._stream_types):
+                proxy: type[Any] = (
+                    AsyncStreamProxy if isinstance(result, self._stream_types[1]) else SyncStreamProxy
+                )
+                on_item = functools.partial(_item_reader(reading.operation), reading)  # called once per chunk
+                return proxy(result, reading.record, on_item, functools.partial(_finish, reading))
+            if isinstance(result, self._raw_types):
+                return self._wrap_raw(reading, result)
+            _read_result(reading, result)
+            _finish(reading, names.OUTCOME_COMPLETED)
+            return result
+        except Exception as failure:
+            report(sites.OPENAI_RESULT, failure)
+            return None
+
+    def _wrap_raw(self, reading: _Reading, raw: Any) -> Any:
+        """`with_raw_response` / `with_streaming_response`: the call ends with `parse()` or the body."""
+        http_response = raw.http_response
+        if http_response.is_stream_consumed or http_response.is_closed:
+            # The body is read: a non-streamed raw response is complete now.
+            with swallow(sites.OPENAI_RAW):
+                _read_result(reading, http_response.json())
+            _finish(reading, names.OUTCOME_COMPLETED)
+            return raw
+        reading.record.finish_on_close = True
+        adapter = self
+
+        class RawProxy(_RawResponseProxy):
+            def _self_parsing(self) -> None:
+                reading.record.finish_on_close = False  # parse() reads and closes the body: we finish
+
+            def _self_failed(self, error: BaseException) -> None:
+                _finish(reading, names.OUTCOME_ERROR, error)
+
+            def _self_wrap(self, parsed: Any) -> Any:
+                wrapped = adapter._wrap_result(reading, parsed)
+                return parsed if wrapped is None else wrapped
+
+        return RawProxy(raw)
+
+    def _lead_in(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[_Reading, tuple[Any, ...], dict[str, Any]] | None:
+        """What both twins do before their I/O: open the call, and pass on the (maybe amended) options."""
+        options = args[1] if len(args) > 1 else kwargs.get("options")
+        begun = self._begin(options)
+        if begun is None:
+            return None
+        reading, options = begun
+        if len(args) > 1:
+            args = (args[0], options, *args[2:])
+        else:
+            kwargs["options"] = options
+        return reading, args, kwargs
+
+    def _hand_over(self, reading: _Reading, result: Any) -> Any:
+        """What both twins do after their I/O: the object the caller gets."""
+        wrapped = self._wrap_result(reading, result)
+        if wrapped is None:  # our own failure: the caller still gets the SDK's object
+            reading.record.finish(names.OUTCOME_COMPLETED)
+            return result
+        return wrapped
+
+    def _sync_request(self, *args: Any, **kwargs: Any) -> Any:
+        begun = self._lead_in(args, kwargs)
+        if begun is None:
+            return self._original_request(*args, **kwargs)
+        reading, args, kwargs = begun
+        if self.settings.limiter is not None:
+            reading.record.admit(self.settings.limiter)  # a limiter timeout is the caller's error to see
+        tokens = _enter(reading.record)
+        try:
+            result = self._original_request(*args, **kwargs)
+        except BaseException as error:
+            _finish(reading, names.OUTCOME_ERROR, error)
+            raise
+        finally:
+            _leave(tokens)
+        return self._hand_over(reading, result)
+
+    async def _async_request(self, *args: Any, **kwargs: Any) -> Any:
+        begun = self._lead_in(args, kwargs)
+        if begun is None:
+            return await self._original_request(*args, **kwargs)
+        reading, args, kwargs = begun
+        if self.settings.limiter is not None:
+            await reading.record.admit_async(self.settings.limiter)
+        tokens = _enter(reading.record)
+        try:
+            result = await self._original_request(*args, **kwargs)
+        except BaseException as error:
+            cancelled = isinstance(error, asyncio.CancelledError)
+            _finish(reading, names.OUTCOME_CANCELLED if cancelled else names.OUTCOME_ERROR, error)
+            raise
+        finally:
+            _leave(tokens)
+        return self._hand_over(reading, result)
+
+
+def _enter(record: CallRecord) -> tuple[Any, Any]:
+    """Make the call current while the SDK sends it: for the transport, and as the parent of spans."""
+    return _transport.active_call.set(record), otel_context.attach(trace.set_span_in_context(record.span))
+
+
+def _leave(tokens: tuple[Any, Any]) -> None:
+    otel_context.detach(tokens[1])
+    _transport.active_call.reset(tokens[0])
+
+
+class _RawResponseProxy(wrapt.ObjectProxy[Any]):
+    """A raw response whose `parse()` result is instrumented like a direct call's."""
+
+    def _self_parsing(self) -> None:  # pragma: no cover - replaced per call
+        pass
+
+    def _self_failed(self, error: BaseException) -> None:  # pragma: no cover - replaced per call
+        pass
+
+    def _self_wrap(self, parsed: Any) -> Any:  # pragma: no cover - replaced per call
+        return parsed
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        self._self_parsing()
+        try:
+            parsed = self.__wrapped__.parse(*args, **kwargs)
+        except BaseException as error:
+            self._self_failed(error)
+            raise
+        if hasattr(parsed, "__await__"):
+
+            async def awaited() -> Any:
+                try:
+                    result = await parsed
+                except BaseException as error:
+                    self._self_failed(error)
+                    raise
+                return self._self_wrap(result)
+
+            return awaited()
+        return self._self_wrap(parsed)
+
+    def __enter__(self) -> Any:
+        self.__wrapped__.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        return self.__wrapped__.__exit__(*exc_info)
+
+    async def __aenter__(self) -> Any:
+        await self.__wrapped__.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self.__wrapped__.__aexit__(*exc_info)

@@ -1,0 +1,376 @@
+"""The OpenAI wire format: what an OpenAI-compatible request and response say.
+
+One module for both client families: the openai SDK's adapter reads the SDK's objects, the
+plain-HTTP adapter reads decoded JSON, and both go through the readers here (`fields` makes an
+SDK model and a decoded object look alike). It knows the operations and their paths, the
+request's GenAI attributes and messages, usage under both namings, finish reasons, and what one
+streamed event or one whole body carries (`classify`, `read_payload`). Nothing here raises on odd
+input: servers differ, and telemetry must not break the call it watches.
+
+The openai SDK's per-chunk reader (`_adapters/openai_sdk.py`) reads chunk objects by attribute
+instead, for speed; it uses the names and maps defined here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmspans import _names as names
+
+__all__ = [
+    "RESPONSES_DELTAS",
+    "RESPONSES_FINISH",
+    "ChunkInfo",
+    "classify",
+    "classify_json_body",
+    "fields",
+    "input_messages",
+    "operation_for",
+    "read_payload",
+    "request_attributes",
+]
+
+# --- requests ---------------------------------------------------------------------------------
+
+_OPERATIONS = (
+    ("/chat/completions", names.OPERATION_CHAT),
+    ("/completions", names.OPERATION_TEXT_COMPLETION),
+    ("/embeddings", names.OPERATION_EMBEDDINGS),
+    ("/responses", names.OPERATION_CHAT),
+)
+_operation_of_path: dict[str, str | None] = {}
+
+
+def operation_for(path: str) -> str | None:
+    """The GenAI operation of an OpenAI-compatible path, or None for anything else."""
+    try:
+        return _operation_of_path[path]
+    except KeyError:
+        pass
+    stripped = path.split("?", 1)[0].rstrip("/")
+    found = next((operation for suffix, operation in _OPERATIONS if stripped.endswith(suffix)), None)
+    if len(_operation_of_path) < 256:  # a client sends a handful of paths; more is not worth keeping
+        _operation_of_path[path] = found
+    return found
+
+
+def is_responses_path(path: str) -> bool:
+    return path.split("?", 1)[0].rstrip("/").endswith("/responses")
+
+
+def request_attributes(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Sampling parameters from a request body, under their GenAI names."""
+    attributes: dict[str, Any] = {}
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens", body.get("max_output_tokens")))
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+        attributes[names.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+    for key, attribute in (
+        ("temperature", names.GEN_AI_REQUEST_TEMPERATURE),
+        ("top_p", names.GEN_AI_REQUEST_TOP_P),
+    ):
+        value = body.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            attributes[attribute] = float(value)
+    top_k = body.get("top_k")  # vLLM's sampling extension, sent through extra_body
+    if isinstance(top_k, int) and not isinstance(top_k, bool):
+        attributes[names.GEN_AI_REQUEST_TOP_K] = top_k
+    return attributes
+
+
+def _text_parts(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}]
+    if isinstance(content, list):
+        return [
+            {"type": "text", "content": part.get("text", "")}
+            for part in content
+            if isinstance(part, Mapping) and part.get("type") in ("text", "input_text", "output_text")
+        ]
+    return []
+
+
+def input_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The request's messages in the GenAI convention's shape (role + parts)."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return [
+            {"role": str(m.get("role", "user")), "parts": _text_parts(m.get("content"))}
+            for m in messages
+            if isinstance(m, Mapping)
+        ]
+    for key in ("prompt", "input"):
+        value = body.get(key)
+        if isinstance(value, str):
+            return [{"role": "user", "parts": _text_parts(value)}]
+        if isinstance(value, list) and key == "input":
+            return [
+                {"role": str(m.get("role", "user")), "parts": _text_parts(m.get("content"))}
+                for m in value
+                if isinstance(m, Mapping)
+            ]
+    return None
+
+
+# --- responses ----------------------------------------------------------------------------------
+
+_NOTHING: Mapping[str, Any] = {}
+
+
+def fields(obj: Any) -> Mapping[str, Any]:
+    """A payload's fields as a mapping: a decoded JSON object as it is, an SDK model's `__dict__`.
+
+    A pydantic model keeps its declared fields in `__dict__` (asking it for a name it lacks goes
+    through its metaclass and an exception, which is slow); the keys it does not know (vLLM's
+    extras) are not among them. Anything else has no fields.
+    """
+    if isinstance(obj, Mapping):
+        return obj
+    found = getattr(obj, "__dict__", None)
+    return found if isinstance(found, Mapping) else _NOTHING
+
+
+@dataclass(slots=True)
+class ChunkInfo:
+    """What one streamed event (or one non-streamed body) says about the call."""
+
+    content: bool = False
+    """Carries generated tokens: answer text, a refusal, tool-call arguments or reasoning."""
+    done: bool = False
+    """The event's data was the `[DONE]` sentinel."""
+    response_id: str | None = None
+    model: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    finish_indexes: list[int] = field(default_factory=list)
+    """The choice index of each finish reason (streamed choices finish in chunks of their own)."""
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    content_text: str | None = None
+    """The answer or refusal text it carries, for optional content capture; None when it carries
+    none (tool-call arguments and reasoning set `content` but are not answer text)."""
+    error: bool = False
+    """The payload is an error object, a Responses `error` event, or a failed response."""
+
+
+# Responses API events whose `delta` is generated output; the value says whether it is answer text.
+RESPONSES_DELTAS = {
+    "response.output_text.delta": True,
+    "response.refusal.delta": True,
+    "response.function_call_arguments.delta": False,
+    "response.reasoning_text.delta": False,
+}
+_RESPONSES_FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# A Responses status as a finish reason, where no `incomplete_details.reason` says more.
+RESPONSES_FINISH = {"completed": "stop", "incomplete": "length", "failed": "error"}
+
+
+def classify(event_name: str | None, data: str) -> ChunkInfo | None:
+    """Describe one SSE event's data; None when it is neither `[DONE]` nor a JSON object.
+
+    The Responses API event type is taken from the payload's `type`, else from `event_name`.
+    """
+    if data.strip() == "[DONE]":
+        return ChunkInfo(done=True)
+    obj = _load(data)
+    if obj is None:
+        return None
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        kind = event_name
+    if kind is not None and (kind == "error" or kind.startswith("response.")):
+        return _responses_event(kind, obj)
+    return _completion(obj)
+
+
+def classify_json_body(body: bytes) -> ChunkInfo | None:
+    """Describe a non-streamed JSON response; None when the body is not a JSON object."""
+    obj = _load(body)
+    return None if obj is None else read_payload(obj)
+
+
+def read_payload(payload: Any) -> ChunkInfo:
+    """A whole non-streamed response, decoded or an SDK object: chat.completion, text_completion,
+    an embeddings list or a Responses `response` object.
+
+    `content` says whether it holds generated output and `content_text` is its answer text.
+    """
+    top = fields(payload)
+    if top.get("object") == "response" or top.get("output") is not None:
+        info = ChunkInfo(error=_is_error(top))
+        _read_response(top, info, final=True)
+        _read_response_output(top.get("output"), info)
+        return info
+    return _completion(top)
+
+
+def _load(data: str | bytes) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):  # ValueError covers bad JSON and bad UTF-8 in bytes
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _count(value: Any) -> int | None:
+    """A token count only when it is a real non-negative int (a bool is not a count)."""
+    return value if type(value) is int and value >= 0 else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _is_error(obj: Mapping[str, Any]) -> bool:
+    error = obj.get("error")
+    return fields(error) is not _NOTHING or _text(error) is not None or obj.get("object") == "error"
+
+
+def _completion(obj: Mapping[str, Any]) -> ChunkInfo:
+    """A chat or legacy completion, streamed chunk or whole body, or an embeddings list."""
+    info = ChunkInfo(response_id=_text(obj.get("id")), model=_text(obj.get("model")), error=_is_error(obj))
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        texts: list[str] = []
+        for raw_choice in choices:
+            choice = fields(raw_choice)
+            if not choice:
+                continue
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str):
+                info.finish_reasons.append(reason)
+                index = choice.get("index")
+                info.finish_indexes.append(index if type(index) is int else len(info.finish_indexes))
+            text = _text(choice.get("text"))
+            if text is not None:
+                texts.append(text)
+            message = choice.get("delta")
+            if message is None:
+                message = choice.get("message")
+            message = fields(message)
+            if not message:
+                continue
+            for key in ("content", "refusal"):
+                text = _text(message.get(key))
+                if text is not None:
+                    texts.append(text)
+            tool_calls = message.get("tool_calls")
+            if (
+                (isinstance(tool_calls, list) and tool_calls)
+                or _text(message.get("reasoning_content"))
+                or _text(message.get("reasoning"))
+            ):
+                info.content = True
+        if texts:
+            info.content = True
+            info.content_text = "".join(texts)
+    _read_usage(obj.get("usage"), info)
+    return info
+
+
+def _responses_event(kind: str, obj: Mapping[str, Any]) -> ChunkInfo:
+    info = ChunkInfo()
+    answer = RESPONSES_DELTAS.get(kind)
+    if answer is not None:
+        delta = _text(obj.get("delta"))
+        if delta is not None:
+            info.content = True
+            if answer:
+                info.content_text = delta
+        return info
+    if kind == "error":
+        info.error = True
+        return info
+    response = fields(obj.get("response"))
+    final = kind in _RESPONSES_FINAL
+    if response:
+        _read_response(response, info, final=final, kind=kind)
+    elif final:
+        _finish_response(kind[len("response.") :], None, info)
+    if kind == "response.failed":
+        info.error = True
+    return info
+
+
+def read_response_event(kind: Any, response: Any) -> ChunkInfo:
+    """A Responses stream event that carries the `response` object (created, completed, ...)."""
+    info = ChunkInfo()
+    response_fields = fields(response)
+    if response_fields:
+        _read_response(response_fields, info, final=kind in _RESPONSES_FINAL, kind=str(kind))
+    return info
+
+
+def _read_response(response: Mapping[str, Any], info: ChunkInfo, *, final: bool, kind: str = "") -> None:
+    info.response_id = _text(response.get("id"))
+    info.model = _text(response.get("model"))
+    _read_usage(response.get("usage"), info)
+    if final:
+        status = response.get("status")
+        if not isinstance(status, str):
+            status = kind[len("response.") :]
+        _finish_response(status, response.get("incomplete_details"), info)
+
+
+def _finish_response(status: str, incomplete_details: Any, info: ChunkInfo) -> None:
+    reason: str | None
+    if status == "incomplete":
+        reason = _text(fields(incomplete_details).get("reason")) or RESPONSES_FINISH[status]
+    else:
+        reason = RESPONSES_FINISH.get(status)
+    if reason is None:
+        return
+    info.finish_reasons.append(reason)
+    info.finish_indexes.append(0)
+    if status == "failed":
+        info.error = True
+
+
+def _read_response_output(output: Any, info: ChunkInfo) -> None:
+    if not isinstance(output, list):
+        return
+    texts: list[str] = []
+    for raw_item in output:
+        item = fields(raw_item)
+        if not item:
+            continue
+        if item.get("type") != "message":
+            info.content = True  # function calls, reasoning and other generated items
+            continue
+        parts = item.get("content")
+        for raw_part in parts if isinstance(parts, list) else ():
+            part = fields(raw_part)
+            text = _text(part.get("text")) or _text(part.get("refusal"))
+            if text is not None:
+                texts.append(text)
+    if texts:
+        info.content = True
+        info.content_text = "".join(texts)
+
+
+def read_usage(usage: Any) -> tuple[int | None, int | None, int | None]:
+    """Input, output and cached input token counts, under either naming (`prompt_tokens` for chat and
+    completions, `input_tokens` for the Responses API); None where the server gave no count."""
+    counts = fields(usage)
+    if not counts:
+        return None, None, None
+    input_tokens = _first_count(counts.get("prompt_tokens"), counts.get("input_tokens"))
+    output_tokens = _first_count(counts.get("completion_tokens"), counts.get("output_tokens"))
+    cached = None
+    for key in ("prompt_tokens_details", "input_tokens_details"):
+        cached = _count(fields(counts.get(key)).get("cached_tokens"))
+        if cached is not None:
+            break
+    return input_tokens, output_tokens, cached
+
+
+def _read_usage(usage: Any, info: ChunkInfo) -> None:
+    if usage is not None:
+        info.input_tokens, info.output_tokens, info.cached_tokens = read_usage(usage)
+
+
+def _first_count(preferred: Any, fallback: Any) -> int | None:
+    count = _count(preferred)
+    return count if count is not None else _count(fallback)

@@ -1,0 +1,80 @@
+"""What `instrument()` was asked for, shared by every call of one client, whatever its family.
+
+The settings turn one request into a call record: the provider, budget, limiter, content capture,
+vLLM sampler and attempt-span choice of the client, with the request's own model, stream flag and
+sampling parameters (read by the wire format).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llmspans import _content, _openai_wire
+from llmspans._call import CallRecord
+from llmspans._limiter import Limiter
+
+if TYPE_CHECKING:
+    from llmspans.vllm import ServerMetrics
+
+ATTEMPT_SPANS = ("retries", "always")
+_configured_attempt_spans = "retries"
+
+
+def check_attempt_spans(value: object, what: str = "attempt_spans") -> str | None:
+    """`"retries"` (an attempt span once a call retries), `"always"`, or None (the configured choice)."""
+    for choice in ATTEMPT_SPANS:
+        if value == choice:
+            return choice
+    if value is None:
+        return None
+    raise ValueError(
+        f"{what} must be 'retries' (a span per attempt once a call retries) or 'always', got {value!r}"
+    )
+
+
+def set_configured_attempt_spans(value: str) -> None:
+    """`configure(attempt_spans=...)`: the choice of every client that did not make its own."""
+    global _configured_attempt_spans
+    _configured_attempt_spans = value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `instrument()` was asked for, shared by every call of one client."""
+
+    provider: str
+    budget: float | None
+    capture_content: _content.CaptureSetting
+    request_usage: bool
+    limiter: Limiter | None = None
+    server_metrics: ServerMetrics | None = None
+    owns_server_metrics: bool = False
+    attempt_spans: str | None = None  # None: configure()'s, else "retries"
+
+    def close(self) -> None:
+        """Stop what instrument() started for this client (a sampler it made)."""
+        if self.owns_server_metrics and self.server_metrics is not None:
+            self.server_metrics.close()
+
+    def new_record(self, operation: str, body: Mapping[str, Any], stream: bool, url: Any) -> CallRecord:
+        """A call record for one request of this client, from its JSON body and the server's URL."""
+        model = body.get("model")
+        record = CallRecord(
+            operation=operation,
+            model=model if isinstance(model, str) else None,
+            provider=self.provider,
+            stream=stream,
+            request_attributes=lambda: _openai_wire.request_attributes(body),  # only for a span that records
+            server_address=url.host,
+            server_port=url.port or (443 if url.scheme == "https" else 80),
+            budget=self.budget,
+            attempt_spans_always=(self.attempt_spans or _configured_attempt_spans) == "always",
+        )
+        sampler = self.server_metrics
+        if sampler is not None:
+            record.server_state = sampler.span_attributes
+            if self.limiter is None:  # admitted at once: the state now is the state at admission
+                record.stamp_server_state()
+        return record
