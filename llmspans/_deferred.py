@@ -31,6 +31,7 @@ from collections.abc import Callable
 from threading import get_ident
 from typing import Any
 
+from llmspans import _sites as sites
 from llmspans._guard import report
 
 _work: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
@@ -72,7 +73,7 @@ def _run(work: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]]) ->
         try:
             job(*args)
         except Exception as error:  # the worker must outlive any one job
-            report("deferred.work", error)
+            report(sites.DEFERRED_WORK, error)
         del job, args  # hold nothing between jobs
 
 

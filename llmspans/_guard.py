@@ -42,6 +42,12 @@ def report(site: str, error: BaseException) -> None:
         )
 
 
+def forget_reported() -> None:
+    """Let every site log its next failure again (`llmspans.testing.reset`)."""
+    with _reported_lock:
+        _reported.clear()
+
+
 def check_fault(site: str) -> None:
     """Raise at `site` when a test asked for it; a set lookup otherwise."""
     if _faults and site in _faults:
@@ -98,8 +104,7 @@ class swallow:
 def inject_faults(*sites: str) -> Iterator[None]:
     """Make the named internal sites raise inside the block (for fault-injection tests)."""
     _faults.update(sites)
-    with _reported_lock:
-        _reported.clear()
+    forget_reported()
     try:
         yield
     finally:

@@ -1,46 +1,11 @@
 """The limiter: client-side admission control that also tells whether its scheduler stalls.
 
 `Limiter(cap, name=...)` lets at most `cap` callers run at once and queues the rest in one
-strict FIFO, whether they wait in threads (`with limiter:`, `acquire()`) or in asyncio tasks
-(`async with limiter:`, `acquire_async()`), on any number of event loops. Waiting never
-polls: a thread sleeps on a lock of its own and a task on a future of its own, and the
-release that frees a slot wakes exactly the waiter it hands the slot to. A waiter that is
-cancelled or times out never keeps a slot: if the slot reached it at the same moment, it
-passes straight to the next waiter. One shared lock guards the state; every critical
-section is a few integer operations, so taking it from an event loop costs microseconds.
-
-Admission happens in two steps, and the telemetry depends on keeping them apart:
-
-- **grant**: a release (or a cap raised at run time) hands the freed slot to the head of
-  the queue. The slot is taken from then on, but nobody uses it yet.
-- **admission**: the granted waiter actually resumes (its thread wakes, its task runs) and
-  only then counts as *in flight*. Until then it still counts as *queued*.
-
-So `in_flight` is the number of callers running inside the limiter and `queue_depth` the
-number that arrived and have not resumed yet (`in_flight + queue_depth` callers are inside).
-
-**What `gap_fraction` measures.** `stats()` integrates, on every state change, three
-step functions of time: in-flight, queue depth, and "gap" (1 while the queue is non-empty
-and in-flight is below the cap, else 0). `gap_fraction` is the share of the window spent
-in a gap: capacity was free, someone was waiting, and the scheduler had not put the two
-together. A correct limiter contributes only the hand-over latency (a thread wake-up or one
-event-loop turn: 0.1 to 0.6 ms per admission in the tests), so a healthy saturated limiter
-reads near 0 (0.1 to 0.7 % with 50-80 ms holds). It rises when admission lags: an event
-loop blocked by synchronous work while its waiters hold granted slots they cannot take up,
-a loop starved by a flood of callbacks, threads that cannot get the GIL or a CPU, or a cap
-raise that did not wake the queue. Slots are granted strictly in arrival order; two
-waiters granted within one hand-over latency of each other may resume in either order.
-
-**What it does not measure.** A slot held but idle counts as in flight (slow user code
-inside the block, a stalled server, a stream the caller reads slowly): that is
-utilisation, not scheduling, and shows in the call's own buckets. A backlog at full
-capacity (queue non-empty, in-flight at the cap) is load or a cap set too low: it shows as
-queue depth and queue wait, not as gap. After the cap is lowered, in-flight above the new
-cap is not a gap either. Nothing here sees the server's own queue.
-
-Telemetry per limiter name: the `llmspans.limiter.in_flight`, `.queue_depth` and `.cap`
-gauges (read from the live limiters through a weak registry, so a collected limiter stops
-reporting), the `llmspans.limiter.*` span attributes and the `llmspans.admitted` event.
+strict FIFO, whether they wait in threads or in asyncio tasks, on any number of event loops.
+Waiting never polls, a waiter that gives up never keeps a slot, and a slot is *granted* at a
+release but counts as *in flight* only when its waiter resumes: the gap between the two is
+what `gap_fraction` measures. docs/limiter.md explains the states, the figures and what they
+do not measure.
 """
 
 from __future__ import annotations
@@ -65,6 +30,7 @@ from opentelemetry.util.types import AttributeValue
 
 from llmspans import _deferred, _suppress
 from llmspans import _names as names
+from llmspans import _sites as sites
 from llmspans._gaps import GapSketch
 from llmspans._guard import guarded
 
@@ -647,7 +613,7 @@ class Limiter:
                 return
 
 
-@guarded("limiter.record", None)
+@guarded(sites.LIMITER_RECORD, None)
 def _record_on_current_span(admission: Admission) -> None:
     """Stamp the wait on whatever span is current: the `with limiter:` form around user code."""
     span = trace.get_current_span()

@@ -30,6 +30,7 @@ from opentelemetry.util.types import AttributeValue
 from llmspans import _budget, _deferred, _suppress, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
+from llmspans import _sites as sites
 from llmspans._budget import seconds
 from llmspans._guard import check_fault, guarded, report
 
@@ -108,16 +109,16 @@ class _Scope:
         self.done = True
         elapsed_ns = (at_ns if at_ns is not None else time.perf_counter_ns()) - self.started_ns
         try:
-            check_fault("stage.finish")
+            check_fault(sites.STAGE_FINISH)
             if not self.suppressed:
                 self._write(elapsed_ns, error, cut)
         except Exception as failure:  # what @guarded does, without its extra frame on every call
-            report("stage.finish", failure)
+            report(sites.STAGE_FINISH, failure)
         finally:
             try:
                 self.span.end()
             except Exception as failure:  # a span processor that raises must not reach the app
-                report("stage.span_end", failure)
+                report(sites.STAGE_SPAN_END, failure)
 
     def _write(self, elapsed_ns: int, error: BaseException | None, cut: bool) -> None:
         span = self.span
@@ -495,9 +496,9 @@ class turn:
             try:
                 entry.span.end()
             except Exception as failure:
-                report("turn.span_end", failure)
+                report(sites.TURN_SPAN_END, failure)
 
-    @guarded("turn.finish", None)
+    @guarded(sites.TURN_FINISH, None)
     def _write(
         self,
         span: Span,

@@ -52,8 +52,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import llmspans
-from llmspans import _call, _exporters, _guard, _openai, _telemetry
+from llmspans import _call, _exporters, _guard, _telemetry
 from llmspans import _names as names
+from llmspans._adapters import openai_sdk as _openai
 from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.support.local_http import serving
 from tests.support.outage import OutageRun, run_outage_app
@@ -136,10 +137,7 @@ def internal_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     return found
 
 
-@pytest.fixture
-def server() -> Iterator[SimulatedServer]:
-    with SimulatedServer(Behavior(chunks=4, usage="finish")) as running:
-        yield running
+SERVER_BEHAVIOR = Behavior(chunks=4, usage="finish")
 
 
 def closed_port() -> int:
@@ -171,6 +169,7 @@ OPENAI_SITES: dict[str, frozenset[str]] = {
     "transport.trace": ALL_SHAPES,
     "transport.response": ANSWERED,
     "transport.wrap_body": ANSWERED,
+    "transport.close": ALL_SHAPES - {"refused"},
     "transport.failed": frozenset({"refused"}),
 }
 
