@@ -235,56 +235,84 @@ def _vllm_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]
     return observe
 
 
+# The observable gauges: name, callback, unit, description (the SDK reads them at each collection).
+_GAUGES: tuple[tuple[str, Callable[[CallbackOptions], Iterable[Observation]], str, str], ...] = (
+    (
+        names.METRIC_STAGE_BUDGET,
+        _observe_budgets,
+        "s",
+        "The configured budget per stage, so dashboards can draw the line.",
+    ),
+    (
+        names.METRIC_LIMITER_IN_FLIGHT,
+        _limiter_gauge("in_flight"),
+        "{call}",
+        "Calls admitted and running per limiter (lane).",
+    ),
+    (
+        names.METRIC_LIMITER_QUEUE_DEPTH,
+        _limiter_gauge("queue_depth"),
+        "{call}",
+        "Calls waiting for admission per limiter (lane).",
+    ),
+    (
+        names.METRIC_LIMITER_CAP,
+        _limiter_gauge("cap"),
+        "{call}",
+        "The configured concurrency cap per limiter (lane).",
+    ),
+    (
+        names.METRIC_VLLM_NUM_REQUESTS_WAITING,
+        _vllm_gauge("num_requests_waiting"),
+        "{request}",
+        "Requests waiting in the vLLM server's queue, as last sampled from its /metrics.",
+    ),
+    (
+        names.METRIC_VLLM_NUM_REQUESTS_RUNNING,
+        _vllm_gauge("num_requests_running"),
+        "{request}",
+        "Requests in the vLLM server's running batch, as last sampled from its /metrics.",
+    ),
+    (
+        names.METRIC_VLLM_KV_CACHE_USAGE,
+        _vllm_gauge("kv_cache_usage"),
+        "1",
+        "The vLLM server's KV-cache usage (1 means full), as last sampled from its /metrics.",
+    ),
+    (
+        names.METRIC_VLLM_PREEMPTION_RATE,
+        _vllm_gauge("preemption_rate"),
+        "{preemption}/s",
+        "Preemptions per second in the vLLM server between its last two samples.",
+    ),
+    (
+        names.METRIC_VLLM_PREFIX_CACHE_HIT_RATIO,
+        _vllm_gauge("prefix_cache_hit_ratio"),
+        "1",
+        "The share of prompt tokens vLLM found in its prefix cache between its last two samples.",
+    ),
+    (
+        names.METRIC_VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY,
+        _vllm_gauge("num_requests_waiting_for_capacity"),
+        "{request}",
+        "Requests waiting in the vLLM server's queue for room in its batch or KV cache.",
+    ),
+    (
+        names.METRIC_VLLM_NUM_REQUESTS_WAITING_DEFERRED,
+        _vllm_gauge("num_requests_waiting_deferred"),
+        "{request}",
+        "Requests the vLLM server's scheduler deferred (a transient constraint, not capacity).",
+    ),
+    (
+        names.METRIC_VLLM_ADMISSION_REJECTION_RATE,
+        _vllm_gauge("admission_rejection_rate"),
+        "{rejection}/s",
+        "Requests per second the vLLM server rejected at admission.",
+    ),
+)
+
+
 def register_gauges(meter: metrics.Meter) -> None:
     """The observable gauges, read by the SDK at each collection (whichever path records the rest)."""
-    meter.create_observable_gauge(
-        names.METRIC_STAGE_BUDGET, callbacks=[_observe_budgets], unit="s",
-        description="The configured budget per stage, so dashboards can draw the line.",
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        names.METRIC_LIMITER_IN_FLIGHT, callbacks=[_limiter_gauge("in_flight")], unit="{call}",
-        description="Calls admitted and running per limiter (lane).",
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        names.METRIC_LIMITER_QUEUE_DEPTH, callbacks=[_limiter_gauge("queue_depth")], unit="{call}",
-        description="Calls waiting for admission per limiter (lane).",
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        names.METRIC_LIMITER_CAP, callbacks=[_limiter_gauge("cap")], unit="{call}",
-        description="The configured concurrency cap per limiter (lane).",
-    )  # fmt: skip
-    # vLLM server state, from every running llmspans.vllm.ServerMetrics sampler.
-    meter.create_observable_gauge(
-        names.METRIC_VLLM_NUM_REQUESTS_WAITING, callbacks=[_vllm_gauge("num_requests_waiting")], unit="{request}",
-        description="Requests waiting in the vLLM server's queue, as last sampled from its /metrics.",
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        names.METRIC_VLLM_NUM_REQUESTS_RUNNING, callbacks=[_vllm_gauge("num_requests_running")], unit="{request}",
-        description="Requests in the vLLM server's running batch, as last sampled from its /metrics.",
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        names.METRIC_VLLM_KV_CACHE_USAGE, callbacks=[_vllm_gauge("kv_cache_usage")], unit="1",
-        description="The vLLM server's KV-cache usage (1 means full), as last sampled from its /metrics.",
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        names.METRIC_VLLM_PREEMPTION_RATE, callbacks=[_vllm_gauge("preemption_rate")], unit="{preemption}/s",
-        description="Preemptions per second in the vLLM server between its last two samples.",
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        names.METRIC_VLLM_PREFIX_CACHE_HIT_RATIO, callbacks=[_vllm_gauge("prefix_cache_hit_ratio")], unit="1",
-        description="The share of prompt tokens vLLM found in its prefix cache between its last two samples.",
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        names.METRIC_VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY, unit="{request}",
-        callbacks=[_vllm_gauge("num_requests_waiting_for_capacity")],
-        description="Requests waiting in the vLLM server's queue for room in its batch or KV cache.",
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        names.METRIC_VLLM_NUM_REQUESTS_WAITING_DEFERRED, unit="{request}",
-        callbacks=[_vllm_gauge("num_requests_waiting_deferred")],
-        description="Requests the vLLM server's scheduler deferred (a transient constraint, not capacity).",
-    )  # fmt: skip
-    meter.create_observable_gauge(
-        names.METRIC_VLLM_ADMISSION_REJECTION_RATE, callbacks=[_vllm_gauge("admission_rejection_rate")],
-        unit="{rejection}/s", description="Requests per second the vLLM server rejected at admission.",
-    )  # fmt: skip
+    for name, callback, unit, description in _GAUGES:
+        meter.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)

@@ -22,9 +22,23 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmspans import _deferred, _telemetry
+from llmspans import _budget, _content, _deferred, _guard, _settings, _telemetry
 
-__all__ = ["Captured", "MetricPoint", "capture", "llmspans_capture", "settle"]
+__all__ = ["Captured", "MetricPoint", "capture", "llmspans_capture", "reset", "settle"]
+
+
+def reset() -> None:
+    """Forget the process-wide choices and memories a test may have left behind, so the next starts
+    clean: the budgets (configured and from `LLMSPANS_BUDGETS`, read again), the content-capture and
+    attempt-span choices of `configure()`, and which internal errors were already logged once.
+
+    Providers and exporters that `configure()` set up stay (OpenTelemetry allows them once per
+    process); `capture()` gives each test its own.
+    """
+    _budget.registry.reset()
+    _content.set_configured(None)
+    _settings.set_configured_attempt_spans("retries")
+    _guard.forget_reported()
 
 
 def settle(timeout: float = 10.0) -> bool:

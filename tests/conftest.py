@@ -6,8 +6,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmspans import _budget, _guard
-from llmspans.testing import Captured, capture
+from llmspans.testing import Captured, capture, reset
+from llmspans.tools.simulator import SimulatedServer
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Iterator[SimulatedServer]:
+    """The simulated OpenAI-compatible server on 127.0.0.1, one per test; a test module that wants
+    another default behaviour for it sets `SERVER_BEHAVIOR`."""
+    with SimulatedServer(getattr(request.module, "SERVER_BEHAVIOR", None)) as running:
+        yield running
 
 
 @pytest.fixture
@@ -17,11 +25,10 @@ def captured() -> Iterator[Captured]:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_budgets() -> Iterator[None]:
-    _budget.registry.reset()
-    _guard._reported.clear()
+def _fresh_state() -> Iterator[None]:
+    reset()
     yield
-    _budget.registry.reset()
+    reset()
 
 
 # Shared fixtures: a local OTLP/HTTP receiver, and the real servers (Arize Phoenix, transformers serve)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -20,10 +19,7 @@ HOLD = 0.1
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture
-def server() -> Iterator[SimulatedServer]:
-    with SimulatedServer(Behavior(header_delay=HOLD, chunks=2)) as running:
-        yield running
+SERVER_BEHAVIOR = Behavior(header_delay=HOLD, chunks=2)
 
 
 def calls(captured: Captured) -> list[Any]:

@@ -8,7 +8,6 @@ call span still ends.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -23,10 +22,7 @@ from llmspans.tools.simulator import Behavior, SimulatedServer
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture
-def server() -> Iterator[SimulatedServer]:
-    with SimulatedServer(Behavior(chunks=5, usage="finish")) as running:
-        yield running
+SERVER_BEHAVIOR = Behavior(chunks=5, usage="finish")
 
 
 def chunks_of(client: openai.OpenAI) -> list[Any]:
@@ -94,7 +90,7 @@ def test_user_exceptions_surface_unchanged_with_a_broken_finish(
 
 def test_a_malformed_chunk_is_passed_through(captured: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
     """A chunk the adapter cannot read (no `choices` attribute at all) still reaches the caller."""
-    from llmspans import _openai
+    from llmspans._adapters import openai_sdk as _openai
 
     def odd_item(call: Any, item: Any, now: int) -> bool:
         return bool(item.not_an_attribute)

@@ -7,14 +7,10 @@ machine); the inter-chunk quantiles carry the sketch's 1/16 relative error.
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -22,6 +18,7 @@ import llmspans
 from llmspans import _names as names
 from llmspans.testing import Captured
 from llmspans.tools.simulator import Behavior, SimulatedServer
+from tests.support.openai_clients import MESSAGES, SECRET, async_client, call_span, outcome, sync_client
 from tests.timing import (
     EXACT,
     TOLERANCE,
@@ -34,35 +31,6 @@ from tests.timing import (
 )
 
 # Tolerances (EXACT, CLIENT_SIDE, TOLERANCE) and the span helpers live in tests/timing.py.
-
-
-SECRET = "sk-test-SECRET-key-123"
-PROMPT = "tell me the PRIVATE-PROMPT words"
-
-
-@pytest.fixture
-def server() -> Iterator[SimulatedServer]:
-    with SimulatedServer() as running:
-        yield running
-
-
-def sync_client(server: SimulatedServer, **kwargs: Any) -> openai.OpenAI:
-    kwargs.setdefault("max_retries", 2)
-    return llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key=SECRET, **kwargs))
-
-
-def async_client(server: SimulatedServer, **kwargs: Any) -> openai.AsyncOpenAI:
-    kwargs.setdefault("max_retries", 2)
-    return llmspans.instrument(openai.AsyncOpenAI(base_url=server.base_url, api_key=SECRET, **kwargs))
-
-
-MESSAGES = [{"role": "user", "content": PROMPT}]
-
-
-def call_span(captured: Captured) -> Any:
-    spans = [s for s in captured.spans if (s.attributes or {}).get(names.STAGE) == "llm"]
-    assert len(spans) == 1, [s.name for s in captured.spans]
-    return spans[0]
 
 
 STREAM = Behavior(first_chunk_delay=0.08, chunk_gap=0.02, chunks=6)
@@ -169,69 +137,6 @@ def test_non_streamed_first_token_is_the_server_work(server: SimulatedServer, ca
     assert_buckets_sum_to_duration(span)
 
 
-def test_second_call_reuses_the_connection(server: SimulatedServer, captured: Captured) -> None:
-    client = sync_client(server)
-    client.chat.completions.create(model="tiny", messages=MESSAGES)
-    client.chat.completions.create(model="tiny", messages=MESSAGES)
-    first, second = [s for s in captured.spans if s.name == "chat tiny"]
-    assert first.attributes[names.CONNECT_REUSED] is False
-    assert first.attributes[names.CONNECT_NEW] == 1
-    assert bucket(first, "connect") > 0
-    assert second.attributes[names.CONNECT_REUSED] is True
-    assert names.CONNECT_NEW not in second.attributes  # nothing opened: nothing to count
-    assert bucket(second, "connect") == 0
-    assert server.connections_opened == 1
-
-
-@pytest.mark.parametrize("use_async", [False, True])
-@retry_timing
-async def test_two_429s_then_success(server: SimulatedServer, captured: Captured, use_async: bool) -> None:
-    server.enqueue(Behavior(status=429, retry_after_ms=40), Behavior(status=429, retry_after_ms=40))
-    server.default = Behavior(chunks=3)
-    if use_async:
-        await async_client(server).chat.completions.create(model="tiny", messages=MESSAGES)
-    else:
-        sync_client(server).chat.completions.create(model="tiny", messages=MESSAGES)
-    span = call_span(captured)
-    attempts = sorted(attempt_spans(captured), key=lambda s: s.start_time)
-    assert [a.attributes.get(names.HTTP_REQUEST_RESEND_COUNT) for a in attempts] == [None, 1, 2]
-    assert [a.attributes[names.HTTP_RESPONSE_STATUS_CODE] for a in attempts] == [429, 429, 200]
-    assert [a.status.status_code.name for a in attempts] == ["ERROR", "ERROR", "UNSET"]
-    assert all(a.parent.span_id == span.context.span_id for a in attempts)
-    assert span.attributes[names.RETRY_COUNT] == 2
-    assert list(span.attributes[names.RETRY_CAUSES]) == ["http_429", "http_429"]
-    # two back-offs of 40 ms (the SDK honours retry-after-ms) plus two quick failed attempts
-    assert 0.08 <= bucket(span, "retry") <= 0.08 + TOLERANCE
-    assert server.wait_idle()
-    served = server.requests
-    assert_client_view(bucket(span, "retry"), (served[2].arrived_ns - served[0].arrived_ns) * 1e-9)
-    assert names.ERROR_TYPE not in span.attributes
-    assert span.status.status_code.name == "UNSET"
-    assert_buckets_sum_to_duration(span)
-    causes = {
-        p.attributes[names.METRIC_ATTR_RETRY_CAUSE]: p.value
-        for p in captured.metric_points(names.METRIC_RETRY_ATTEMPTS)
-    }
-    assert causes == {"http_429": 2}
-
-
-def test_traceparent_of_each_attempt_reaches_the_server(server: SimulatedServer, captured: Captured) -> None:
-    server.enqueue(Behavior(status=503, retry_after_ms=1))
-    sync_client(server).chat.completions.create(model="tiny", messages=MESSAGES)
-    sent = [r.headers["traceparent"][:52] for r in server.requests]  # version, trace id, parent id
-    first, second = sorted(attempt_spans(captured), key=lambda s: s.start_time)
-    call = call_span(captured)
-    # The first attempt went out before anyone knew it would fail: it named the call span. Its own
-    # span was made when the second began, with its real start and end; the second names itself.
-    assert sent == [
-        f"00-{call.context.trace_id:032x}-{call.context.span_id:016x}",
-        f"00-{second.context.trace_id:032x}-{second.context.span_id:016x}",
-    ]
-    assert call.start_time <= first.start_time < first.end_time <= second.start_time
-    assert first.attributes[names.HTTP_RESPONSE_STATUS_CODE] == 503
-    assert first.parent.span_id == second.parent.span_id == call.context.span_id
-
-
 def test_server_error_surfaces_unchanged(server: SimulatedServer, captured: Captured) -> None:
     server.default = Behavior(status=500)
     client = sync_client(server, max_retries=0)
@@ -245,134 +150,7 @@ def test_server_error_surfaces_unchanged(server: SimulatedServer, captured: Capt
     assert attempt_spans(captured) == []  # one attempt: no span of its own
 
 
-def test_connection_refused_counts_connect_errors(captured: Captured) -> None:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    client = llmspans.instrument(
-        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=SECRET, max_retries=1)
-    )
-    with pytest.raises(openai.APIConnectionError):
-        client.chat.completions.create(model="tiny", messages=MESSAGES)
-    span = call_span(captured)
-    assert span.attributes[names.ERROR_TYPE] == "APIConnectionError"
-    assert span.attributes[names.RETRY_COUNT] == 1
-    assert list(span.attributes[names.RETRY_CAUSES]) == ["connect_error"]
-    assert len(attempt_spans(captured)) == 2
-
-
-def test_read_timeout_is_a_timeout_cause(server: SimulatedServer, captured: Captured) -> None:
-    server.default = Behavior(header_delay=0.5)
-    client = sync_client(server, max_retries=1, timeout=0.1)
-    with pytest.raises(openai.APITimeoutError):
-        client.chat.completions.create(model="tiny", messages=MESSAGES)
-    span = call_span(captured)
-    assert list(span.attributes[names.RETRY_CAUSES]) == ["timeout"]
-    assert span.attributes[names.ERROR_TYPE] == "APITimeoutError"
-
-
 # --- every way a stream can end ends the span exactly once --------------------------------------
-
-
-def outcome(captured: Captured) -> str:
-    return str(call_span(captured).attributes[names.STREAM_OUTCOME])
-
-
-def test_break_then_garbage_collection_abandons(server: SimulatedServer, captured: Captured) -> None:
-    client = sync_client(server)
-    for chunk in client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True):
-        if chunk.choices and chunk.choices[0].delta.content:
-            break
-    gc.collect()
-    assert outcome(captured) == "abandoned"
-    assert call_span(captured).attributes[names.STREAM_CHUNKS] == 1
-    assert attempt_spans(captured) == []
-
-
-def test_close_and_context_exit_abandon(server: SimulatedServer, captured: Captured) -> None:
-    client = sync_client(server)
-    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True)
-    next(stream)
-    stream.close()
-    with client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True) as second:
-        assert isinstance(second, openai.Stream)
-        next(second)
-    spans = [s for s in captured.spans if s.name == "chat tiny"]
-    assert [s.attributes[names.STREAM_OUTCOME] for s in spans] == ["abandoned", "abandoned"]
-
-
-def test_exhausted_inside_context_manager_is_completed(server: SimulatedServer, captured: Captured) -> None:
-    client = sync_client(server)
-    with client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True) as stream:
-        list(stream)
-    assert outcome(captured) == "completed"
-
-
-def test_dropped_connection_mid_stream_is_an_error(server: SimulatedServer, captured: Captured) -> None:
-    server.default = Behavior(chunks=6, drop_after=2)
-    client = sync_client(server)
-    plain = openai.OpenAI(base_url=server.base_url, api_key=SECRET)
-    # openai 3.x wraps a broken stream in APIConnectionError; 1.x/2.x let httpx's own error through.
-    with pytest.raises((openai.APIConnectionError, httpx.RemoteProtocolError)) as uninstrumented:
-        list(plain.chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
-    with pytest.raises(type(uninstrumented.value)) as instrumented:
-        list(client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
-    assert type(instrumented.value) is type(uninstrumented.value)
-    span = call_span(captured)
-    assert span.attributes[names.STREAM_OUTCOME] == "error"
-    assert span.attributes[names.STREAM_CHUNKS] == 2
-    assert span.attributes[names.ERROR_TYPE] == type(uninstrumented.value).__qualname__
-    assert span.status.status_code.name == "ERROR"
-
-
-async def test_async_cancellation_mid_stream(server: SimulatedServer, captured: Captured) -> None:
-    server.default = Behavior(chunks=50, chunk_gap=0.02)
-    client = async_client(server)
-    got_one = asyncio.Event()
-
-    async def consume() -> None:
-        async for chunk in await client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True):
-            if chunk.choices and chunk.choices[0].delta.content:
-                got_one.set()
-
-    task = asyncio.create_task(consume())
-    await got_one.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert outcome(captured) == "cancelled"
-
-
-async def test_async_close_context_and_other_task(server: SimulatedServer, captured: Captured) -> None:
-    client = async_client(server)
-    stream = await client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True)
-    await stream.__anext__()
-    await stream.close()
-    async with await client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True) as second:
-        await second.__anext__()
-    third = await client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True)
-    await third.__anext__()
-
-    async def close_elsewhere() -> None:
-        await third.close()
-
-    await asyncio.create_task(close_elsewhere())
-    spans = [s for s in captured.spans if s.name == "chat tiny"]
-    assert [s.attributes[names.STREAM_OUTCOME] for s in spans] == ["abandoned"] * 3
-
-
-async def test_async_stream_abandoned_to_garbage_collection(
-    server: SimulatedServer, captured: Captured, caplog: pytest.LogCaptureFixture
-) -> None:
-    client = async_client(server)
-    stream = await client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True)
-    await stream.__anext__()
-    del stream
-    gc.collect()
-    assert outcome(captured) == "abandoned"
-    assert "Failed to detach context" not in caplog.text
 
 
 # --- usage, content, secrets --------------------------------------------------------------------
@@ -514,42 +292,6 @@ async def test_async_with_streaming_response(server: SimulatedServer, captured: 
     assert outcome(captured) == "completed"
 
 
-def test_instrument_is_idempotent_and_reversible(server: SimulatedServer, captured: Captured) -> None:
-    client = openai.OpenAI(base_url=server.base_url, api_key=SECRET)
-    assert llmspans.instrument(client) is client
-    assert llmspans.instrument(client) is client
-    client.chat.completions.create(model="tiny", messages=MESSAGES)
-    assert len(captured.spans) == 1  # one call span: not doubled
-    copy = client.with_options(timeout=5)
-    copy.chat.completions.create(model="tiny", messages=MESSAGES)
-    assert len(captured.spans) == 2
-    llmspans.uninstrument(client)
-    llmspans.uninstrument(client)
-    client.chat.completions.create(model="tiny", messages=MESSAGES)
-    assert len(captured.spans) == 2
-    assert "traceparent" not in server.requests[-1].headers
-
-
-def test_non_llm_requests_pass_through(server: SimulatedServer, captured: Captured) -> None:
-    client = sync_client(server)
-    assert [m.id for m in client.models.list()]
-    assert captured.spans == []
-
-
-def test_unsupported_clients_and_bad_arguments() -> None:
-    with pytest.raises(TypeError, match=r"supports openai\.OpenAI"):
-        llmspans.instrument(object())
-    client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key=SECRET)
-    with pytest.raises(ValueError, match="provider must be a non-empty string"):
-        llmspans.instrument(client, provider="")
-    with pytest.raises(ValueError, match="budget for the LLM call"):
-        llmspans.instrument(client, budget=-1)
-    with pytest.raises(TypeError, match="capture_content"):
-        llmspans.instrument(client, capture_content="yes")
-    with pytest.raises(TypeError, match="request_usage"):
-        llmspans.instrument(client, request_usage="yes")  # type: ignore[arg-type]
-
-
 def test_llm_call_inside_a_turn_counts_toward_it(server: SimulatedServer, captured: Captured) -> None:
     server.default = Behavior(header_delay=0.03)
     client = sync_client(server)
@@ -569,37 +311,3 @@ def test_metrics_per_call(server: SimulatedServer, captured: Captured) -> None:
         names.METRIC_TIME_PER_OUTPUT_CHUNK, names.METRIC_BUCKET_DURATION, names.METRIC_STAGE_DURATION,
         names.METRIC_CONNECT_NEW,
     } <= names_seen  # fmt: skip
-
-
-async def aiter_list(stream: AsyncIterator[Any]) -> list[Any]:
-    return [item async for item in stream]
-
-
-def test_azure_client_is_instrumented(server: SimulatedServer, captured: Captured) -> None:
-    """Azure's deployment paths end in the same operation suffixes; the simulator answers them 404."""
-    client = llmspans.instrument(
-        openai.AzureOpenAI(
-            azure_endpoint=server.url, api_key=SECRET, api_version="2024-06-01", max_retries=0
-        ),
-        attempt_spans="always",
-    )
-    with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="my-deployment", messages=MESSAGES)
-    span = call_span(captured)
-    assert span.name == "chat my-deployment"
-    assert span.attributes[names.ERROR_TYPE] == "NotFoundError"
-    (attempt,) = attempt_spans(captured)
-    assert "/openai/deployments/my-deployment/chat/completions" in attempt.attributes[names.URL_FULL]
-    assert SECRET not in all_exported_text(captured)
-
-
-def test_streaming_response_closed_early_is_abandoned(server: SimulatedServer, captured: Captured) -> None:
-    server.default = Behavior(chunks=20, chunk_gap=0.005)
-    client = sync_client(server)
-    with client.chat.completions.with_streaming_response.create(
-        model="tiny", messages=MESSAGES, stream=True
-    ) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                break
-    assert outcome(captured) == "abandoned"

@@ -3,7 +3,7 @@
 Every test runs against all four clients (`httpx.Client`, `httpx.AsyncClient`, `httpx2.Client`,
 `httpx2.AsyncClient`) over real HTTP: the simulated server for timing and failures, and a raw
 socket server of our own for the malformed streams the simulator never sends. Timings are
-checked against the server's own stamps with the tolerances of tests/test_openai.py.
+checked against the server's own stamps with the tolerances of tests/test_openai_sdk.py.
 
 What a plain client's stream outcome is: `completed` once the body was read to its end or the
 stream sent its own end marker (`[DONE]`, a final Responses event) before the response was
@@ -49,7 +49,7 @@ from tests.timing import (
     retry_timing,
 )
 
-# As in tests/test_openai.py: arrival-to-arrival figures (stream, gaps) within EXACT of the server's
+# As in tests/test_openai_sdk.py: arrival-to-arrival figures (stream, gaps) within EXACT of the server's
 # own stamps; figures that also hold the client's own work from the server's up to CLIENT_SIDE more;
 # the delays the server was told to use within TOLERANCE (a loaded 2-core box oversleeps).
 
@@ -138,12 +138,6 @@ class AnyClient:
             await self.client.aclose()
         else:
             self.client.close()
-
-
-@pytest.fixture
-def server() -> Iterator[SimulatedServer]:
-    with SimulatedServer() as running:
-        yield running
 
 
 @pytest.fixture(params=CLIENTS)

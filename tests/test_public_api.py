@@ -49,6 +49,7 @@ def test_testing_module_exports() -> None:
         "MetricPoint",
         "capture",
         "llmspans_capture",
+        "reset",
         "settle",
     }
 

@@ -26,12 +26,6 @@ TOLERANCE = 4 * MS
 
 
 @pytest.fixture
-def server() -> Iterator[SimulatedServer]:
-    with SimulatedServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 def client(server: SimulatedServer) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0) as c:
         yield c

@@ -40,10 +40,7 @@ def suppressed() -> Iterator[None]:
         context.detach(token)
 
 
-@pytest.fixture
-def server() -> Iterator[SimulatedServer]:
-    with SimulatedServer(Behavior(chunks=5)) as running:
-        yield running
+SERVER_BEHAVIOR = Behavior(chunks=5)
 
 
 def recorded_points(captured: Captured) -> list[str]:

@@ -1,0 +1,43 @@
+"""Instrumented openai clients against the simulated server, and the call span they make (shared by the
+tests of the SDK adapter, the stream interceptor, the transport and `instrument()`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+
+import llmspans
+from llmspans import _names as names
+from llmspans.testing import Captured
+from llmspans.tools.simulator import SimulatedServer
+
+SECRET = "sk-test-SECRET-key-123"
+PROMPT = "tell me the PRIVATE-PROMPT words"
+MESSAGES = [{"role": "user", "content": PROMPT}]
+
+
+def sync_client(server: SimulatedServer, **kwargs: Any) -> openai.OpenAI:
+    kwargs.setdefault("max_retries", 2)
+    return llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key=SECRET, **kwargs))
+
+
+def async_client(server: SimulatedServer, **kwargs: Any) -> openai.AsyncOpenAI:
+    kwargs.setdefault("max_retries", 2)
+    return llmspans.instrument(openai.AsyncOpenAI(base_url=server.base_url, api_key=SECRET, **kwargs))
+
+
+def call_span(captured: Captured) -> Any:
+    spans = [s for s in captured.spans if (s.attributes or {}).get(names.STAGE) == "llm"]
+    assert len(spans) == 1, [s.name for s in captured.spans]
+    return spans[0]
+
+
+async def aiter_list(stream: AsyncIterator[Any]) -> list[Any]:
+    return [item async for item in stream]
+
+
+def outcome(captured: Captured) -> str:
+    """The one call span's stream outcome."""
+    return str(call_span(captured).attributes[names.STREAM_OUTCOME])

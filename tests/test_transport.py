@@ -1,0 +1,111 @@
+"""The transport layer (`llmspans/_transport.py`): attempts, retries, connections, trace context."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+import llmspans
+from llmspans import _names as names
+from llmspans.testing import Captured
+from llmspans.tools.simulator import Behavior, SimulatedServer
+from tests.support.openai_clients import MESSAGES, SECRET, async_client, call_span, sync_client
+from tests.timing import (
+    TOLERANCE,
+    assert_buckets_sum_to_duration,
+    assert_client_view,
+    attempt_spans,
+    bucket,
+    retry_timing,
+)
+
+
+def test_second_call_reuses_the_connection(server: SimulatedServer, captured: Captured) -> None:
+    client = sync_client(server)
+    client.chat.completions.create(model="tiny", messages=MESSAGES)
+    client.chat.completions.create(model="tiny", messages=MESSAGES)
+    first, second = [s for s in captured.spans if s.name == "chat tiny"]
+    assert first.attributes[names.CONNECT_REUSED] is False
+    assert first.attributes[names.CONNECT_NEW] == 1
+    assert bucket(first, "connect") > 0
+    assert second.attributes[names.CONNECT_REUSED] is True
+    assert names.CONNECT_NEW not in second.attributes  # nothing opened: nothing to count
+    assert bucket(second, "connect") == 0
+    assert server.connections_opened == 1
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@retry_timing
+async def test_two_429s_then_success(server: SimulatedServer, captured: Captured, use_async: bool) -> None:
+    server.enqueue(Behavior(status=429, retry_after_ms=40), Behavior(status=429, retry_after_ms=40))
+    server.default = Behavior(chunks=3)
+    if use_async:
+        await async_client(server).chat.completions.create(model="tiny", messages=MESSAGES)
+    else:
+        sync_client(server).chat.completions.create(model="tiny", messages=MESSAGES)
+    span = call_span(captured)
+    attempts = sorted(attempt_spans(captured), key=lambda s: s.start_time)
+    assert [a.attributes.get(names.HTTP_REQUEST_RESEND_COUNT) for a in attempts] == [None, 1, 2]
+    assert [a.attributes[names.HTTP_RESPONSE_STATUS_CODE] for a in attempts] == [429, 429, 200]
+    assert [a.status.status_code.name for a in attempts] == ["ERROR", "ERROR", "UNSET"]
+    assert all(a.parent.span_id == span.context.span_id for a in attempts)
+    assert span.attributes[names.RETRY_COUNT] == 2
+    assert list(span.attributes[names.RETRY_CAUSES]) == ["http_429", "http_429"]
+    # two back-offs of 40 ms (the SDK honours retry-after-ms) plus two quick failed attempts
+    assert 0.08 <= bucket(span, "retry") <= 0.08 + TOLERANCE
+    assert server.wait_idle()
+    served = server.requests
+    assert_client_view(bucket(span, "retry"), (served[2].arrived_ns - served[0].arrived_ns) * 1e-9)
+    assert names.ERROR_TYPE not in span.attributes
+    assert span.status.status_code.name == "UNSET"
+    assert_buckets_sum_to_duration(span)
+    causes = {
+        p.attributes[names.METRIC_ATTR_RETRY_CAUSE]: p.value
+        for p in captured.metric_points(names.METRIC_RETRY_ATTEMPTS)
+    }
+    assert causes == {"http_429": 2}
+
+
+def test_traceparent_of_each_attempt_reaches_the_server(server: SimulatedServer, captured: Captured) -> None:
+    server.enqueue(Behavior(status=503, retry_after_ms=1))
+    sync_client(server).chat.completions.create(model="tiny", messages=MESSAGES)
+    sent = [r.headers["traceparent"][:52] for r in server.requests]  # version, trace id, parent id
+    first, second = sorted(attempt_spans(captured), key=lambda s: s.start_time)
+    call = call_span(captured)
+    # The first attempt went out before anyone knew it would fail: it named the call span. Its own
+    # span was made when the second began, with its real start and end; the second names itself.
+    assert sent == [
+        f"00-{call.context.trace_id:032x}-{call.context.span_id:016x}",
+        f"00-{second.context.trace_id:032x}-{second.context.span_id:016x}",
+    ]
+    assert call.start_time <= first.start_time < first.end_time <= second.start_time
+    assert first.attributes[names.HTTP_RESPONSE_STATUS_CODE] == 503
+    assert first.parent.span_id == second.parent.span_id == call.context.span_id
+
+
+def test_connection_refused_counts_connect_errors(captured: Captured) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = llmspans.instrument(
+        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=SECRET, max_retries=1)
+    )
+    with pytest.raises(openai.APIConnectionError):
+        client.chat.completions.create(model="tiny", messages=MESSAGES)
+    span = call_span(captured)
+    assert span.attributes[names.ERROR_TYPE] == "APIConnectionError"
+    assert span.attributes[names.RETRY_COUNT] == 1
+    assert list(span.attributes[names.RETRY_CAUSES]) == ["connect_error"]
+    assert len(attempt_spans(captured)) == 2
+
+
+def test_read_timeout_is_a_timeout_cause(server: SimulatedServer, captured: Captured) -> None:
+    server.default = Behavior(header_delay=0.5)
+    client = sync_client(server, max_retries=1, timeout=0.1)
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(model="tiny", messages=MESSAGES)
+    span = call_span(captured)
+    assert list(span.attributes[names.RETRY_CAUSES]) == ["timeout"]
+    assert span.attributes[names.ERROR_TYPE] == "APITimeoutError"
