@@ -53,7 +53,7 @@ class Attempt:
 
     __slots__ = (
         "body_done_ns", "cause", "connect_ns", "connected_ns", "ended_ns", "error_type", "method",
-        "new_connection", "resend_count", "span", "started_ns", "status", "url",
+        "new_connection", "resend_count", "response", "span", "started_ns", "status", "url",
     )  # fmt: skip
 
     def __init__(self, started_ns: int, method: str = "POST", url: Any = None) -> None:
@@ -70,6 +70,7 @@ class Attempt:
         self.url = url
         self.resend_count = 0
         self.span: Span | None = None  # only where it says something: see `_transport`
+        self.response: Any = None  # the client library's response object, once its headers came
 
 
 # Two paths ending one call at once (a stream's end in one thread, its close in another) are rare:
@@ -111,6 +112,12 @@ class CallRecord:
     _choices: dict[int, str] | None = None  # a streamed response's finish reason per choice
     error_type: str | None = None
     finished = False
+    # The stream's own end marker came (`[DONE]`, a final Responses event): a stream that ends with
+    # neither it nor any finish reason was cut short, even if its body closed cleanly. A plain
+    # client's reader sets it; for the openai SDK (which reads `[DONE]` and says nothing) the
+    # transport keeps the last network read, looked at only when no finish reason came.
+    ended_well = False
+    last_bytes = b""
     # Set when nothing but the close of the response body will tell that the call is over (a raw
     # streaming response the caller reads by hand).
     finish_on_close = False
@@ -395,6 +402,16 @@ class CallRecord:
             if self.finished:
                 return
             self.finished = True
+        if (
+            outcome == names.OUTCOME_COMPLETED
+            and self.stream
+            and not self.finish_reasons
+            and not self.ended_well
+            and b"[DONE]" not in self.last_bytes
+        ):
+            # The body ended, but nothing said the answer was over (a server failing after its 200).
+            outcome = names.OUTCOME_ERROR
+            self.error_type = names.ERROR_INCOMPLETE_STREAM
         _open_calls.discard(self)
         released = now_ns if now_ns is not None else time.perf_counter_ns()
         self.released_ns = released
@@ -424,7 +441,7 @@ class CallRecord:
             self.error_type = type(error).__qualname__
         elif final_status is not None and final_status >= 400:
             self.error_type = str(final_status)  # the last attempt failed, so did the call
-        elif outcome == names.OUTCOME_ERROR:
+        elif outcome == names.OUTCOME_ERROR and self.error_type is None:
             self.error_type = "error"
         buckets = self.buckets_ns(released, outcome)
         duration_ns = released - self.queued_ns

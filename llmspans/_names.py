@@ -69,6 +69,8 @@ OUTCOME_COMPLETED: Final = "completed"
 OUTCOME_ABANDONED: Final = "abandoned"
 OUTCOME_ERROR: Final = "error"
 OUTCOME_CANCELLED: Final = "cancelled"
+# error.type of a stream that ended with neither its end marker nor any finish reason.
+ERROR_INCOMPLETE_STREAM: Final = "incomplete_stream"
 
 RETRY_COUNT: Final = "llmspans.retry.count"
 RETRY_CAUSES: Final = "llmspans.retry.causes"

@@ -60,6 +60,12 @@ class _StreamProxy(wrapt.ObjectProxy[Any]):
         except Exception:  # at interpreter shutdown the modules may be gone; the exit hook ended the call
             pass
 
+    @property
+    def response(self) -> Any:
+        """The SDK stream's HTTP response, whose close ends the call: the SDK's `.stream()` helpers
+        close the response itself, not the stream, when their `with` block is left."""
+        return _ResponseProxy(self.__wrapped__.response, self)
+
     def _self_hidden(self, item: Any) -> bool:
         """Read one item as it reaches the caller (never raising); True hides it from the caller."""
         try:
@@ -200,3 +206,24 @@ class AsyncStreamProxy(_StreamProxy):
             return await self.__wrapped__.__aexit__(*exc_info)
         finally:
             self._self_end(names.OUTCOME_ABANDONED, None)
+
+
+class _ResponseProxy(wrapt.ObjectProxy[Any]):
+    """A streamed call's HTTP response as the caller reaches it through the stream: closing it ends the
+    call (abandoned, unless the stream already ended), and gives back a limiter slot, at once."""
+
+    def __init__(self, wrapped: Any, stream: _StreamProxy) -> None:
+        super().__init__(wrapped)
+        self._self_stream = stream
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_stream._self_end(names.OUTCOME_ABANDONED, None)
+
+    async def aclose(self) -> None:
+        try:
+            await self.__wrapped__.aclose()
+        finally:
+            self._self_stream._self_end(names.OUTCOME_ABANDONED, None)

@@ -365,6 +365,7 @@ class _SyncBody(_Body):
                 record.bytes_at_ns = now = clock()
                 if observer is not None:
                     _observe(observer, chunk, now)
+                record.last_bytes = chunk
                 yield chunk
         except GeneratorExit:  # the reader let go of the iterator: close() or collection ends the call
             raise
@@ -392,6 +393,7 @@ class _AsyncBody(_Body):
                 record.bytes_at_ns = now = clock()
                 if observer is not None:
                     _observe(observer, chunk, now)
+                record.last_bytes = chunk
                 yield chunk
         except GeneratorExit:  # the reader let go of the iterator: close() or collection ends the call
             raise
@@ -458,6 +460,7 @@ class _Transport:
             return None
 
     def _answered(self, scope: _AttemptScope, response: Any, body: type[_Body]) -> None:
+        scope.attempt.response = response  # what an adapter reads if the SDK fails after it (a parse)
         scope.responded(response.status_code, response.headers)
         with swallow(sites.TRANSPORT_WRAP_BODY):
             response.stream = body(response.stream, scope)

@@ -63,6 +63,8 @@ def _play(
     elif stream and outcome == "error":  # it failed while the client waited for the next chunk: never post
         expected["stream"] += expected["post"]
         expected["post"] = 0
+    if stream and outcome == "completed":
+        record.ended_well = True  # its `[DONE]` came: see the incomplete-stream tests in test_stream.py
     record.finish(outcome, error=RuntimeError("x") if outcome == "error" else None, now_ns=t)
     return expected
 

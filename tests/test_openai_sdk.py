@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import openai
+import pydantic
 import pytest
 
 import llmspans
@@ -311,3 +312,37 @@ def test_metrics_per_call(server: SimulatedServer, captured: Captured) -> None:
         names.METRIC_TIME_PER_OUTPUT_CHUNK, names.METRIC_BUCKET_DURATION, names.METRIC_STAGE_DURATION,
         names.METRIC_CONNECT_NEW,
     } <= names_seen  # fmt: skip
+
+
+class _Verdict(pydantic.BaseModel):
+    verdict: str
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_parse_that_fails_keeps_what_the_server_answered(
+    server: SimulatedServer, captured: Captured, use_async: bool
+) -> None:
+    """`parse()` raises after a 200 whose text is not the model's JSON: the answer still belongs on
+    the span (id, finish reason, tokens), so the failure reads as the app's, not the server's."""
+    server.default = Behavior(chunks=3)
+
+    async def parse() -> Any:
+        if use_async:
+            aclient = async_client(server)
+            return await aclient.chat.completions.parse(
+                model="tiny", messages=MESSAGES, response_format=_Verdict
+            )
+        return sync_client(server).chat.completions.parse(
+            model="tiny", messages=MESSAGES, response_format=_Verdict
+        )
+
+    with pytest.raises(pydantic.ValidationError):
+        await parse()
+    span = call_span(captured)
+    attrs = span.attributes
+    assert attrs[names.ERROR_TYPE] == "ValidationError"
+    assert attrs[names.GEN_AI_RESPONSE_ID].startswith("chatcmpl-")
+    assert attrs[names.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert attrs[names.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
+    assert attrs[names.HTTP_RESPONSE_STATUS_CODE] == 200
+    assert len(server.requests) == 1  # a failed parse is not retried

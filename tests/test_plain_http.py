@@ -773,7 +773,8 @@ _FREE_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_chara
 
 @st.composite
 def sse_events(draw: st.DrawFn) -> tuple[str, str | None]:
-    """One SSE event as lines (line endings are chosen later) and the answer text it carries, if any."""
+    """One SSE event as lines (line endings are chosen later) and the answer text it carries, if any.
+    A finish event carries no text: `sse_bodies` tells it by its `finish_reason`."""
     ascii_only = draw(st.booleans())
 
     def dumps(obj: Any) -> str:
@@ -812,17 +813,20 @@ def sse_events(draw: st.DrawFn) -> tuple[str, str | None]:
 
 
 @st.composite
-def sse_bodies(draw: st.DrawFn) -> tuple[bytes, list[str]]:
-    """A whole SSE body and the texts of its content events; blank keep-alive lines between events."""
+def sse_bodies(draw: st.DrawFn) -> tuple[bytes, list[str], bool]:
+    """A whole SSE body, the texts of its content events, and whether it said it was over (a
+    `[DONE]` or a finish reason); blank keep-alive lines between events."""
     newline = draw(st.sampled_from(["\n", "\r\n", "\r"]))
     events = draw(st.lists(sse_events(), max_size=12))
     parts = []
     for lines, _ in events:
         parts.append(lines + "\n\n" + "\n" * draw(st.integers(0, 2)))
-    if draw(st.booleans()):
+    done = draw(st.booleans())
+    if done:
         parts.append("data: [DONE]\n\n")
     body = "".join(parts).replace("\n", newline).encode()
-    return body, [text for _, text in events if text is not None]
+    finished = any(text is None and '"finish_reason"' in lines for lines, text in events)
+    return body, [text for _, text in events if text is not None], done or finished
 
 
 @st.composite
@@ -864,8 +868,8 @@ def test_random_sse_bodies_reach_the_app_unchanged_and_are_counted(
 
     @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(generated=sse_bodies(), data=st.data())
-    def check(generated: tuple[bytes, list[str]], data: st.DataObject) -> None:
-        body, texts = generated
+    def check(generated: tuple[bytes, list[str], bool], data: st.DataObject) -> None:
+        body, texts, said_over = generated
         scripted.pieces = data.draw(pieces_of(body))
         captured.clear()
         received = loop.run_until_complete(read())
@@ -875,8 +879,12 @@ def test_random_sse_bodies_reach_the_app_unchanged_and_are_counted(
         assert span.attributes[names.STREAM_CHUNKS] == len(texts)
         (answer,) = json.loads(span.attributes[names.GEN_AI_OUTPUT_MESSAGES])
         assert answer["parts"][0]["content"] == "".join(texts)
-        assert span.attributes[names.STREAM_OUTCOME] == "completed"
-        assert names.ERROR_TYPE not in span.attributes
+        if said_over:
+            assert span.attributes[names.STREAM_OUTCOME] == "completed"
+            assert names.ERROR_TYPE not in span.attributes
+        else:  # the body closed cleanly, but nothing said the answer was over
+            assert span.attributes[names.STREAM_OUTCOME] == "error"
+            assert span.attributes[names.ERROR_TYPE] == names.ERROR_INCOMPLETE_STREAM
         assert internal.records == []
 
     try:

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
+import llmspans
 from llmspans import _names as names
 from llmspans.testing import Captured
 from llmspans.tools.simulator import Behavior, SimulatedServer
+from tests.support.local_http import serving
 from tests.support.openai_clients import MESSAGES, SECRET, async_client, call_span, outcome, sync_client
-from tests.timing import (
-    attempt_spans,
-)
+from tests.timing import TOLERANCE, assert_buckets_sum_to_duration, attempt_spans, bucket
 
 
 def test_break_then_garbage_collection_abandons(server: SimulatedServer, captured: Captured) -> None:
@@ -123,3 +125,144 @@ def test_streaming_response_closed_early_is_abandoned(server: SimulatedServer, c
             if line.startswith("data: {"):
                 break
     assert outcome(captured) == "abandoned"
+
+
+# --- the SDK's .stream() helpers close the response, not the stream -----------------------------------
+
+
+def stream_helper(client: Any, api: str, **extra: Any) -> Any:
+    if api == "responses":
+        return client.responses.stream(model="tiny", input="hi", **extra)
+    return client.chat.completions.stream(model="tiny", messages=MESSAGES, **extra)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_leaving_a_stream_helper_early_ends_the_call_and_frees_the_slot(
+    server: SimulatedServer, captured: Captured, api: str
+) -> None:
+    server.default = Behavior(chunks=20, chunk_gap=0.005)
+    limiter = llmspans.Limiter(1, name="helper", timeout=2.0)
+    client = sync_client(server, instrument={"limiter": limiter})
+    with stream_helper(client, api) as events:
+        next(iter(events))
+    # At once, not at the next collection: the call ended when the block was left ...
+    (span,) = [s for s in captured._exporter.get_finished_spans() if s.name == "chat tiny"]
+    assert span.attributes[names.STREAM_OUTCOME] == "abandoned"
+    assert limiter.in_flight == 0  # ... and its slot came back with it
+    with stream_helper(client, api) as events:  # a Limiter(1) admits the next call
+        assert list(events)
+    outcomes = sorted(s.attributes[names.STREAM_OUTCOME] for s in captured.spans if s.name == "chat tiny")
+    assert outcomes == ["abandoned", "completed"]
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_leaving_an_async_stream_helper_early_ends_the_call_and_frees_the_slot(
+    server: SimulatedServer, captured: Captured, api: str
+) -> None:
+    server.default = Behavior(chunks=20, chunk_gap=0.005)
+    limiter = llmspans.Limiter(1, name="async-helper", timeout=2.0)
+    client = async_client(server, instrument={"limiter": limiter})
+    async with stream_helper(client, api) as events:
+        await events.__aiter__().__anext__()
+    (span,) = [s for s in captured._exporter.get_finished_spans() if s.name == "chat tiny"]
+    assert span.attributes[names.STREAM_OUTCOME] == "abandoned"
+    assert limiter.in_flight == 0
+    async with stream_helper(client, api) as events:
+        assert [event async for event in events]
+    await client.close()
+
+
+# --- waiting on the server is never post -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_stall_until_the_read_timeout_counts_in_stream_not_post(
+    server: SimulatedServer, captured: Captured, use_async: bool
+) -> None:
+    server.default = Behavior(chunks=4, chunk_gap=1.5)  # the second chunk comes long after the timeout
+    timeout = 0.3
+
+    async def read_to_the_end() -> None:
+        if use_async:
+            client = async_client(server, max_retries=0, timeout=timeout)
+            async for _ in await client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True):
+                pass
+        else:
+            client = sync_client(server, max_retries=0, timeout=timeout)
+            for _ in client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True):
+                pass
+
+    with pytest.raises(openai.APITimeoutError):
+        await read_to_the_end()
+    span = call_span(captured)
+    assert span.attributes[names.STREAM_OUTCOME] == "error"
+    assert span.attributes[names.STREAM_CHUNKS] == 1
+    # The client waited on the server for the read timeout after the first chunk: that is stream.
+    assert timeout - 0.01 <= bucket(span, "stream") <= timeout + TOLERANCE
+    assert bucket(span, "post") < 0.005
+    assert_buckets_sum_to_duration(span)
+
+
+# --- a stream that ends without saying so ----------------------------------------------------------------
+
+
+class _AnswersWith(BaseHTTPRequestHandler):
+    """A 200 `text/event-stream` whose body is the server's `body`, then a clean end (what a server
+    that fails after its headers, or a proxy that cuts a stream at an event boundary, looks like)."""
+
+    server: Any
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-length", str(len(self.server.body)))
+        self.end_headers()
+        self.wfile.write(self.server.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+_ROLE_ONLY = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"tiny",'
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"finish_reason":null}]}\n\n'
+)
+
+
+@pytest.mark.parametrize("body", [b"", _ROLE_ONLY], ids=["empty", "cut-after-a-chunk"])
+@pytest.mark.parametrize("how", ["openai", "openai-async", "httpx"])
+async def test_a_stream_that_ends_without_saying_so_is_an_error(
+    captured: Captured, body: bytes, how: str
+) -> None:
+    with serving(_AnswersWith, body=body) as running:
+        base = f"http://127.0.0.1:{running.server_address[1]}/v1"
+        request = {"model": "tiny", "messages": MESSAGES, "stream": True}
+        if how == "openai":
+            client = llmspans.instrument(openai.OpenAI(base_url=base, api_key=SECRET, max_retries=0))
+            chunks = list(client.chat.completions.create(**request))
+        elif how == "openai-async":
+            aclient = llmspans.instrument(openai.AsyncOpenAI(base_url=base, api_key=SECRET, max_retries=0))
+            chunks = [c async for c in await aclient.chat.completions.create(**request)]
+            await aclient.close()
+        else:
+            http = llmspans.instrument(httpx.Client(base_url=base))
+            with http, http.stream("POST", "/chat/completions", json=request) as response:
+                chunks = list(response.iter_lines())
+    assert len(chunks) == (0 if body == b"" else (1 if how != "httpx" else 2))  # the app saw it all
+    span = call_span(captured)
+    assert span.attributes[names.STREAM_OUTCOME] == "error"
+    assert span.attributes[names.ERROR_TYPE] == names.ERROR_INCOMPLETE_STREAM
+    assert names.GEN_AI_RESPONSE_FINISH_REASONS not in span.attributes
+    assert_buckets_sum_to_duration(span)
+
+
+def test_a_finish_reason_without_done_is_completed(server: SimulatedServer, captured: Captured) -> None:
+    """Servers that never send `[DONE]` (some proxies, older vLLM frontends) end well with a finish."""
+    server.default = Behavior(chunks=3, done=False)
+    client = sync_client(server)
+    assert len(list(client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True))) > 0
+    span = call_span(captured)
+    assert span.attributes[names.STREAM_OUTCOME] == "completed"
+    assert names.ERROR_TYPE not in span.attributes
+    assert span.attributes[names.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)

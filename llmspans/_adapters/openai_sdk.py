@@ -182,6 +182,28 @@ def _read_result(reading: _Reading, result: Any) -> None:
         reading.output = [info.content_text] if info.content_text is not None else []
 
 
+def _read_failed_answer(reading: _Reading) -> None:
+    """The SDK raised after the server answered (a `parse()` whose model did not validate, a length
+    finish it refuses): what the answer said still belongs on the call."""
+    attempts = reading.record.attempts
+    if not attempts or reading.record.stream:
+        return
+    final = attempts[-1]
+    # Only a body read to its end: one cut off mid-read is a transport failure with nothing to read.
+    if final.response is not None and final.status == 200 and final.body_done_ns is not None:
+        with swallow(sites.OPENAI_RAW):
+            _read_result(reading, final.response.json())
+
+
+def _failed(reading: _Reading, error: BaseException) -> None:
+    """The SDK's request raised: cancelled, or failed (after reading what the server said, if it did)."""
+    if isinstance(error, asyncio.CancelledError):
+        _finish(reading, names.OUTCOME_CANCELLED, error)
+        return
+    _read_failed_answer(reading)
+    _finish(reading, names.OUTCOME_ERROR, error)
+
+
 def _finish(
     reading: _Reading, outcome: str, error: BaseException | None = None, at_ns: int | None = None
 ) -> None:
@@ -356,7 +378,7 @@ class OpenAIInstrumentation:
         try:
             result = self._original_request(*args, **kwargs)
         except BaseException as error:
-            _finish(reading, names.OUTCOME_ERROR, error)
+            _failed(reading, error)
             raise
         finally:
             _leave(tokens)
@@ -373,8 +395,7 @@ class OpenAIInstrumentation:
         try:
             result = await self._original_request(*args, **kwargs)
         except BaseException as error:
-            cancelled = isinstance(error, asyncio.CancelledError)
-            _finish(reading, names.OUTCOME_CANCELLED if cancelled else names.OUTCOME_ERROR, error)
+            _failed(reading, error)
             raise
         finally:
             _leave(tokens)

@@ -114,6 +114,7 @@ class _StreamObserver(_BodyReader):
             return
         if info.done or (self.responses_api and info.finish_reasons):
             self.complete = True
+            self.record.ended_well = True
         record = self.record
         if info.content:
             tokens = 1

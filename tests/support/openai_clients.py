@@ -18,14 +18,21 @@ PROMPT = "tell me the PRIVATE-PROMPT words"
 MESSAGES = [{"role": "user", "content": PROMPT}]
 
 
-def sync_client(server: SimulatedServer, **kwargs: Any) -> openai.OpenAI:
+def sync_client(
+    server: SimulatedServer, instrument: dict[str, Any] | None = None, **kwargs: Any
+) -> openai.OpenAI:
+    """An instrumented `openai.OpenAI` (`instrument` holds `llmspans.instrument()`'s own arguments)."""
     kwargs.setdefault("max_retries", 2)
-    return llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key=SECRET, **kwargs))
+    client = openai.OpenAI(base_url=server.base_url, api_key=SECRET, **kwargs)
+    return llmspans.instrument(client, **(instrument or {}))
 
 
-def async_client(server: SimulatedServer, **kwargs: Any) -> openai.AsyncOpenAI:
+def async_client(
+    server: SimulatedServer, instrument: dict[str, Any] | None = None, **kwargs: Any
+) -> openai.AsyncOpenAI:
     kwargs.setdefault("max_retries", 2)
-    return llmspans.instrument(openai.AsyncOpenAI(base_url=server.base_url, api_key=SECRET, **kwargs))
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key=SECRET, **kwargs)
+    return llmspans.instrument(client, **(instrument or {}))
 
 
 def call_span(captured: Captured) -> Any:
