@@ -118,6 +118,9 @@ class CallRecord:
     # transport keeps the last network read, looked at only when no finish reason came.
     ended_well = False
     last_bytes = b""
+    # The SDK's own time building the request, from the app's call to the request (see
+    # `_adapters/openai_entry`): before any limiter's wait, so it is `first_token`, never `queue`.
+    build_ns = 0
     # Set when nothing but the close of the response body will tell that the call is over (a raw
     # streaming response the caller reads by hand).
     finish_on_close = False
@@ -152,9 +155,14 @@ class CallRecord:
         server_port: int | None = None,
         budget: float | None = None,
         attempt_spans_always: bool = False,
+        called_ns: int | None = None,
     ) -> None:
-        self.queued_ns = time.perf_counter_ns()
+        now = self.queued_ns = time.perf_counter_ns()
         self.wall_anchor_ns = time.time_ns()
+        if called_ns is not None and called_ns < now:  # the app called the SDK before the request
+            self.queued_ns = called_ns
+            self.build_ns = build = now - called_ns
+            self.wall_anchor_ns -= build
         self.attempts: list[Attempt] = []
         self.attempt_spans_always = attempt_spans_always
         self.stream = stream
@@ -178,6 +186,12 @@ class CallRecord:
                 self.gaps = GapSketch()
 
     # --- instants -------------------------------------------------------------------------
+
+    def issued_ns(self) -> int:
+        """Where time to first chunk counts from: the app's call, moved later by a limiter's wait
+        (that wait is the `queue` bucket's), so the SDK's building counts with or without one."""
+        admitted = self.admitted_ns
+        return self.queued_ns if admitted is None else admitted - self.build_ns
 
     def wall_ns(self, monotonic_ns: int) -> int:
         """Epoch time of a monotonic stamp, on the span's own time line."""
@@ -351,7 +365,8 @@ class CallRecord:
         in `first_token` up to the failure.
         """
         queued = self.queued_ns
-        admitted = self.admitted_ns if self.admitted_ns is not None else queued
+        built = queued + self.build_ns  # the request reached the client; a limiter's wait starts here
+        admitted = self.admitted_ns if self.admitted_ns is not None else built
         if self.attempts:
             final = self.attempts[-1]
             first_start = self.attempts[0].started_ns
@@ -366,7 +381,8 @@ class CallRecord:
             first = last = body_done if body_done is not None else released_ns
         # Each instant clamped between the one before it and the release: the buckets never go negative.
         released = released_ns
-        a = admitted if admitted > queued else queued
+        built = released if built > released else built
+        a = admitted if admitted > built else built
         a = released if a > released else a
         b = first_start if first_start > a else a
         b = released if b > released else b
@@ -379,10 +395,10 @@ class CallRecord:
         f = last if last > e else e
         f = released if f > released else f
         return {
-            "queue": a - queued,
+            "queue": a - built,
             "retry": c - b,
             "connect": d - c,
-            "first_token": e - d + (b - a),
+            "first_token": e - d + (b - a) + (built - queued),
             "stream": f - e,
             "post": released - f,
         }
@@ -482,7 +498,7 @@ class CallRecord:
             attributes[names.STREAM_OUTCOME] = outcome
             if self.first_chunk_ns:
                 attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = seconds(
-                    self.first_chunk_ns - (self.admitted_ns or self.queued_ns)
+                    self.first_chunk_ns - self.issued_ns()
                 )
                 span.add_event(names.EVENT_FIRST_TOKEN, timestamp=self.wall_ns(self.first_chunk_ns))
                 span.add_event(names.EVENT_LAST_TOKEN, timestamp=self.wall_ns(self.last_chunk_ns))
@@ -528,9 +544,9 @@ class CallRecord:
         if self.output_tokens is not None:
             records.append((metric.TOKEN_USAGE, self.output_tokens, output_labels))
         if self.stream and self.first_chunk_ns:
-            # From issuing the request, as the conventions say: the limiter's wait is the queue bucket's.
-            issued = self.admitted_ns if self.admitted_ns is not None else self.queued_ns
-            records.append((metric.TIME_TO_FIRST_CHUNK, seconds(self.first_chunk_ns - issued), common))
+            records.append(
+                (metric.TIME_TO_FIRST_CHUNK, seconds(self.first_chunk_ns - self.issued_ns()), common)
+            )
         for attempt in self.attempts[:-1]:
             records.append((metric.RETRY_ATTEMPTS, 1, shape.retry_labels(attempt.cause or "unknown")))
         opened = 0

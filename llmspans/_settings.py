@@ -58,8 +58,11 @@ class Settings:
         if self.owns_server_metrics and self.server_metrics is not None:
             self.server_metrics.close()
 
-    def new_record(self, operation: str, body: Mapping[str, Any], stream: bool, url: Any) -> CallRecord:
-        """A call record for one request of this client, from its JSON body and the server's URL."""
+    def new_record(
+        self, operation: str, body: Mapping[str, Any], stream: bool, url: Any, called_ns: int | None = None
+    ) -> CallRecord:
+        """A call record for one request of this client, from its JSON body and the server's URL;
+        `called_ns` is when the app called the client library, if earlier than now."""
         model = body.get("model")
         record = CallRecord(
             operation=operation,
@@ -71,6 +74,7 @@ class Settings:
             server_port=url.port or (443 if url.scheme == "https" else 80),
             budget=self.budget,
             attempt_spans_always=(self.attempt_spans or _configured_attempt_spans) == "always",
+            called_ns=called_ns,
         )
         sampler = self.server_metrics
         if sampler is not None:

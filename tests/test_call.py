@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -208,3 +209,27 @@ def test_llm_budget_from_configuration_is_recorded(captured: Captured) -> None:
     assert attributes[names.BUDGET_OVERRUN] == pytest.approx(0.01)
     (exceeded,) = captured.metric_points(names.METRIC_BUDGET_EXCEEDED)
     assert exceeded.attributes == {names.STAGE: "llm"}
+
+
+def test_building_before_the_request_is_first_token_and_a_limiter_wait_is_queue(captured: Captured) -> None:
+    """The SDK built the request for 3 ms after the app's call, then a limiter held it 7 ms."""
+    called = time.perf_counter_ns() - 3 * MS
+    record = CallRecord(operation="chat", model="m", provider="openai", stream=True, called_ns=called)
+    assert record.queued_ns == called
+    built = called + record.build_ns
+    record.admitted(built + 7 * MS)
+    record.attempt(built + 7 * MS)
+    record.content_chunk(built + 57 * MS)
+    record.ended_well = True
+    record.finish("completed", now_ns=built + 57 * MS)
+    (span,) = captured.spans
+    attributes = span.attributes or {}
+    assert attributes[names.BUCKET_PREFIX + "queue"] == pytest.approx(0.007, abs=1e-9)
+    assert attributes[names.BUCKET_PREFIX + "first_token"] == pytest.approx(
+        0.050 + record.build_ns / 1e9, abs=1e-9
+    )
+    # Time to first chunk counts the building, not the limiter's wait.
+    assert attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(
+        0.050 + record.build_ns / 1e9
+    )
+    assert span.end_time - span.start_time == 57 * MS + record.build_ns

@@ -64,6 +64,7 @@ def test_azure_client_is_instrumented(server: SimulatedServer, captured: Capture
         client.chat.completions.create(model="my-deployment", messages=MESSAGES)
     span = call_span(captured)
     assert span.name == "chat my-deployment"
+    assert span.attributes[names.GEN_AI_PROVIDER_NAME] == "azure.ai.openai"  # the conventions' value
     assert span.attributes[names.ERROR_TYPE] == "NotFoundError"
     (attempt,) = attempt_spans(captured)
     assert "/openai/deployments/my-deployment/chat/completions" in attempt.attributes[names.URL_FULL]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -346,3 +348,57 @@ async def test_a_parse_that_fails_keeps_what_the_server_answered(
     assert attrs[names.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
     assert attrs[names.HTTP_RESPONSE_STATUS_CODE] == 200
     assert len(server.requests) == 1  # a failed parse is not retried
+
+
+def slow_to_build(delay: float) -> Iterator[dict[str, str]]:
+    """Messages the SDK takes `delay` to read while it builds the request (a generator it iterates
+    in `create()`, before `client.request()`), standing in for its own argument transform."""
+    time.sleep(delay)
+    yield from MESSAGES
+
+
+@pytest.mark.parametrize("how", ["sync", "async", "raw"])
+@pytest.mark.parametrize("limited", [False, True])
+async def test_the_call_starts_where_the_app_calls_the_sdk(
+    server: SimulatedServer, captured: Captured, how: str, limited: bool
+) -> None:
+    """Building the request is the app's wait too: in the span, in `first_token`, never in `queue`."""
+    build = 0.08
+    instrument = {"limiter": llmspans.Limiter(1, name="one")} if limited else {}
+    started = time.perf_counter()
+    if how == "async":
+        aclient = async_client(server, instrument)
+        await aclient.chat.completions.create(model="tiny", messages=slow_to_build(build))
+        await aclient.close()
+    elif how == "raw":
+        client = sync_client(server, instrument)
+        client.chat.completions.with_raw_response.create(model="tiny", messages=slow_to_build(build)).parse()
+    else:
+        sync_client(server, instrument).chat.completions.create(model="tiny", messages=slow_to_build(build))
+    elapsed = time.perf_counter() - started
+    span = call_span(captured)
+    duration = (span.end_time - span.start_time) / 1e9
+    assert build <= duration <= elapsed
+    assert bucket(span, "first_token") >= build
+    assert bucket(span, "queue") < 0.01
+    assert_buckets_sum_to_duration(span)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_choice_s_finish_reason_is_recorded(
+    server: SimulatedServer, captured: Captured, stream: bool
+) -> None:
+    """`n=2`: two answers, two finish reasons, streamed or not."""
+    server.default = Behavior(chunks=6)
+    client = sync_client(server)
+    result = client.chat.completions.create(model="tiny", messages=MESSAGES, n=2, stream=stream)
+    if stream:
+        indexes = {choice.index for chunk in result for choice in chunk.choices}
+    else:
+        indexes = {choice.index for choice in result.choices}
+    assert indexes == {0, 1}
+    span = call_span(captured)
+    assert span.attributes[names.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop", "stop")
+    if stream:
+        assert span.attributes[names.STREAM_CHUNKS] == 6
+        assert span.attributes[names.STREAM_OUTCOME] == "completed"

@@ -582,3 +582,16 @@ def test_command_line_entry_point() -> None:
         assert proc.wait(5) == 0
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_n_answers_round_robin_and_a_bad_n_is_a_400() -> None:
+    with SimulatedServer(Behavior(chunks=5)) as server:
+        url = f"{server.base_url}/chat/completions"
+        whole = httpx.post(url, json={"model": "m", "messages": [], "n": 2}).json()
+        assert [(c["index"], c["finish_reason"]) for c in whole["choices"]] == [(0, "stop"), (1, "stop")]
+        assert all(c["message"]["content"] for c in whole["choices"])
+        body = httpx.post(url, json={"model": "m", "messages": [], "n": 2, "stream": True}).text
+        events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+        finishes = [c["index"] for e in events for c in e["choices"] if c["finish_reason"]]
+        assert finishes == [0, 1]
+        assert httpx.post(url, json={"model": "m", "messages": [], "n": 0}).status_code == 400

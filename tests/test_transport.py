@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+from opentelemetry.trace import StatusCode
 
 import llmspans
 from llmspans import _names as names
@@ -109,3 +110,25 @@ def test_read_timeout_is_a_timeout_cause(server: SimulatedServer, captured: Capt
     span = call_span(captured)
     assert list(span.attributes[names.RETRY_CAUSES]) == ["timeout"]
     assert span.attributes[names.ERROR_TYPE] == "APITimeoutError"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_attempt_whose_body_fails_after_the_headers_is_marked_failed(
+    server: SimulatedServer, captured: Captured, stream: bool
+) -> None:
+    """A 200 whose body is cut off mid-read: the attempt failed, not just the call."""
+    server.default = Behavior(chunks=6, drop_after=2)
+    client = sync_client(server, {"attempt_spans": "always"}, max_retries=0)
+    raised: Exception | None = None
+    try:  # what the SDK raises differs between its versions (its own error or the HTTP library's)
+        result = client.chat.completions.create(model="tiny", messages=MESSAGES, stream=stream)
+        for _ in result if stream else ():
+            pass
+    except Exception as error:
+        raised = error
+    assert raised is not None
+    (attempt,) = attempt_spans(captured)
+    assert attempt.attributes[names.HTTP_RESPONSE_STATUS_CODE] == 200
+    assert attempt.status.status_code == StatusCode.ERROR
+    assert attempt.attributes[names.ERROR_TYPE]  # the HTTP library's error, under the SDK's own
+    assert call_span(captured).attributes[names.ERROR_TYPE] == type(raised).__qualname__

@@ -24,6 +24,8 @@ from opentelemetry import trace
 from llmspans import _content, _openai_wire, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
+from llmspans._adapters import openai_entry
+from llmspans._adapters.openai_entry import called_at
 from llmspans._call import CallRecord
 from llmspans._guard import check_fault, report, swallow
 from llmspans._openai_wire import RESPONSES_DELTAS, ChunkInfo
@@ -53,6 +55,7 @@ class OpenAISDK:
         return names.PROVIDER_AZURE_OPENAI if azure else names.PROVIDER_OPENAI
 
     def install(self, client: Any, settings: Settings) -> None:
+        openai_entry.install()
         OpenAIInstrumentation(client, settings).install()
 
     def uninstall(self, client: Any) -> None:
@@ -289,7 +292,7 @@ class OpenAIInstrumentation:
             options = options.model_copy()
             options.json_data = {**options.json_data, "stream_options": {"include_usage": True}}
             hide_usage = True
-        record = self.settings.new_record(operation, body, stream, self.client.base_url)
+        record = self.settings.new_record(operation, body, stream, self.client.base_url, called_at.get())
         capture = _content.resolve(self.settings.capture_content) if record.recording else False
         reading = _Reading(record, url.rstrip("/"), hide_usage, capture)
         if capture:

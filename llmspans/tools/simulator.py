@@ -320,56 +320,96 @@ class _Ctx:
         }
 
 
+def _choice_count(body: dict[str, Any]) -> int | None:
+    """The request's `n` (how many answers), as OpenAI accepts it: an int from 1 to 128, 1 by
+    default; None for anything else (answered 400, as OpenAI does)."""
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
+        return None
+    return n
+
+
 def _chat(c: _Ctx) -> _Full | _Stream:
+    """A chat completion; with `n` > 1, `chunks` content chunks dealt round-robin over the choices
+    (chunk i goes to choice i % n), each choice with its own role chunk and finish chunk."""
     b = c.behavior
     n = b.chunks
+    answers = _choice_count(c.body)
+    if answers is None:
+        return _Full(_error_body(400, "'n' must be an integer from 1 to 128"), 400)
     call_id = f"call_sim{c.seq}"
     base: dict[str, Any] = {"id": f"chatcmpl-sim{c.seq}", "object": "chat.completion.chunk"}
     base.update(created=c.created, model=c.model)
     if not c.stream:
-        message: dict[str, Any] = {"role": "assistant", "content": _text(n), "refusal": None}
-        if b.tool_calls and n:
-            function = {"name": _TOOL_NAME, "arguments": _tool_arguments(n)}
-            message.update(
-                content=None, tool_calls=[{"id": call_id, "type": "function", "function": function}]
+        choices = []
+        for index in range(answers):
+            share = len(range(index, n, answers))
+            message: dict[str, Any] = {"role": "assistant", "content": _text(share), "refusal": None}
+            if b.tool_calls and share:
+                function = {"name": _TOOL_NAME, "arguments": _tool_arguments(share)}
+                message.update(
+                    content=None,
+                    tool_calls=[
+                        {
+                            "id": f"{call_id}_{index}" if index else call_id,
+                            "type": "function",
+                            "function": function,
+                        }
+                    ],
+                )
+            choices.append(
+                {"index": index, "message": message, "logprobs": None, "finish_reason": b.finish_reason}
             )
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": b.finish_reason}
-        obj = {**base, "object": "chat.completion", "choices": [choice]}
+        obj = {**base, "object": "chat.completion", "choices": choices}
         if b.usage != "none":
             obj["usage"] = c.usage()
         return _Full(_dumps(obj))
 
-    def chunk(delta: Any, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    def chunk(delta: Any, finish: str | None = None, index: int = 0, **extra: Any) -> dict[str, Any]:
         return {
             **base,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}],
         } | extra
 
-    prelude = [_sse(_dumps(chunk({"role": "assistant"})))] if b.role_chunk else []
+    prelude = (
+        [_sse(_dumps(chunk({"role": "assistant"}, index=k))) for k in range(answers)] if b.role_chunk else []
+    )
     content: Callable[[int], bytes]
     if b.tool_calls:
-        call = {
-            "index": 0,
-            "id": call_id,
-            "type": "function",
-            "function": {"name": _TOOL_NAME, "arguments": "$"},
-        }
-        first = _Template(chunk({"tool_calls": [call]}), "$")
-        rest = _Template(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "$"}}]}), "$")
+        firsts, rests = [], []
+        for k in range(answers):
+            call = {
+                "index": 0,
+                "id": f"{call_id}_{k}" if k else call_id,
+                "type": "function",
+                "function": {"name": _TOOL_NAME, "arguments": "$"},
+            }
+            firsts.append(_Template(chunk({"tool_calls": [call]}, index=k), "$"))
+            rests.append(
+                _Template(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "$"}}]}, index=k), "$")
+            )
+        shares = [len(range(k, n, answers)) for k in range(answers)]
 
         def content(i: int) -> bytes:
-            return _sse((first if i == 0 else rest).fill(json.dumps(_tool_piece(i, n)).encode()))
+            k, j = i % answers, i // answers  # the choice, and this chunk's place in its answer
+            return _sse(
+                (firsts[k] if j == 0 else rests[k]).fill(json.dumps(_tool_piece(j, shares[k])).encode())
+            )
 
     else:
-        template = _Template(chunk({"content": "$"}), "$")
+        templates = [_Template(chunk({"content": "$"}, index=k), "$") for k in range(answers)]
 
         def content(i: int) -> bytes:
-            return _sse(template.fill(_VOCAB_JSON[i % len(_VOCAB_JSON)]))
+            return _sse(templates[i % answers].fill(_VOCAB_JSON[i % len(_VOCAB_JSON)]))
 
-    finish = chunk({}, b.finish_reason)
-    if c.usage_mode == "finish":
-        finish["usage"] = c.usage()
-    tail = [_sse(_dumps(finish))]
+    tail = []
+    for k in range(answers):
+        finish = chunk({}, b.finish_reason, index=k)
+        if c.usage_mode == "finish" and k == answers - 1:
+            finish["usage"] = c.usage()
+        tail.append(_sse(_dumps(finish)))
     if c.usage_mode == "chunk":
         tail.append(_sse(_dumps({**base, "choices": [], "usage": c.usage()})))
     if b.done:
