@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Union
 
 from llmspans import _names as names
+from llmspans import _openai_wire
 
 if TYPE_CHECKING:
     from llmspans._call import CallRecord
@@ -75,6 +76,12 @@ def write(record: CallRecord, setting: CaptureSetting, attribute: str, messages:
             return
     text = messages if isinstance(messages, str) else json.dumps(messages, ensure_ascii=False, default=str)
     record.set_attributes({attribute: text[:MAX_CONTENT_CHARS]})
+
+
+def write_input(record: CallRecord, setting: CaptureSetting, body: Any) -> None:
+    """The request's messages, and the Responses API's `instructions` as the system instructions."""
+    write(record, setting, names.GEN_AI_INPUT_MESSAGES, _openai_wire.input_messages(body))
+    write(record, setting, names.GEN_AI_SYSTEM_INSTRUCTIONS, _openai_wire.system_instructions(body))
 
 
 def write_output(record: CallRecord, setting: CaptureSetting, text: str) -> None:

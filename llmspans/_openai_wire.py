@@ -31,6 +31,9 @@ __all__ = [
     "operation_for",
     "read_payload",
     "request_attributes",
+    "response_attributes",
+    "system_instructions",
+    "usage_attributes",
 ]
 
 # --- requests ---------------------------------------------------------------------------------
@@ -61,23 +64,67 @@ def is_responses_path(path: str) -> bool:
     return path.split("?", 1)[0].rstrip("/").endswith("/responses")
 
 
+_FLOAT_PARAMETERS = (
+    ("temperature", names.GEN_AI_REQUEST_TEMPERATURE),
+    ("top_p", names.GEN_AI_REQUEST_TOP_P),
+    ("top_k", names.GEN_AI_REQUEST_TOP_K),  # vLLM's sampling extension (extra_body); a double
+    ("frequency_penalty", names.GEN_AI_REQUEST_FREQUENCY_PENALTY),
+    ("presence_penalty", names.GEN_AI_REQUEST_PRESENCE_PENALTY),
+)
+# A requested response format as the conventions' `gen_ai.output.type`.
+_OUTPUT_TYPES = {"text": "text", "json_object": "json", "json_schema": "json"}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def request_attributes(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Sampling parameters from a request body, under their GenAI names."""
+    """What the request asked for, under the GenAI (and OpenAI) names; only what it set."""
     attributes: dict[str, Any] = {}
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", body.get("max_output_tokens")))
-    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+    if _is_int(max_tokens):
         attributes[names.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
-    for key, attribute in (
-        ("temperature", names.GEN_AI_REQUEST_TEMPERATURE),
-        ("top_p", names.GEN_AI_REQUEST_TOP_P),
-    ):
+    for key, attribute in _FLOAT_PARAMETERS:
         value = body.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             attributes[attribute] = float(value)
-    top_k = body.get("top_k")  # vLLM's sampling extension, sent through extra_body
-    if isinstance(top_k, int) and not isinstance(top_k, bool):
-        attributes[names.GEN_AI_REQUEST_TOP_K] = top_k
+    n = body.get("n")
+    if _is_int(n) and n != 1:  # the conventions ask for it only when it is not 1
+        attributes[names.GEN_AI_REQUEST_CHOICE_COUNT] = n
+    seed = body.get("seed")
+    if _is_int(seed):
+        attributes[names.GEN_AI_REQUEST_SEED] = seed
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if isinstance(stop, list) and stop and all(isinstance(item, str) for item in stop):
+        attributes[names.GEN_AI_REQUEST_STOP_SEQUENCES] = tuple(stop)
+    output_type = _output_type(body)
+    if output_type is not None:
+        attributes[names.GEN_AI_OUTPUT_TYPE] = output_type
+    service_tier = body.get("service_tier")
+    if isinstance(service_tier, str) and service_tier:
+        attributes[names.OPENAI_REQUEST_SERVICE_TIER] = service_tier
+    encoding_format = body.get("encoding_format")
+    if isinstance(encoding_format, str) and encoding_format:
+        attributes[names.GEN_AI_REQUEST_ENCODING_FORMATS] = (encoding_format,)
+    dimensions = body.get("dimensions")
+    if _is_int(dimensions):
+        attributes[names.GEN_AI_EMBEDDINGS_DIMENSION_COUNT] = dimensions
+    conversation = body.get("conversation")  # the Responses API's conversation: an id, or {"id": ...}
+    conversation_id = conversation if isinstance(conversation, str) else fields(conversation).get("id")
+    if isinstance(conversation_id, str) and conversation_id:
+        attributes[names.GEN_AI_CONVERSATION_ID] = conversation_id
     return attributes
+
+
+def _output_type(body: Mapping[str, Any]) -> str | None:
+    """`response_format.type` (chat), or `text.format.type` (the Responses API)."""
+    kind = fields(body.get("response_format")).get("type")
+    if kind is None:
+        kind = fields(fields(body.get("text")).get("format")).get("type")
+    return _OUTPUT_TYPES.get(kind) if isinstance(kind, str) else None
 
 
 def _text_parts(content: Any) -> list[dict[str, Any]]:
@@ -105,13 +152,23 @@ def input_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         value = body.get(key)
         if isinstance(value, str):
             return [{"role": "user", "parts": _text_parts(value)}]
-        if isinstance(value, list) and key == "input":
+        if isinstance(value, list):
+            # A list of texts (embeddings, legacy completions: one message each), or the Responses
+            # API's input items; token-id lists are not text and are left out.
             return [
-                {"role": str(m.get("role", "user")), "parts": _text_parts(m.get("content"))}
+                {"role": "user", "parts": _text_parts(m)}
+                if isinstance(m, str)
+                else {"role": str(m.get("role", "user")), "parts": _text_parts(m.get("content"))}
                 for m in value
-                if isinstance(m, Mapping)
+                if isinstance(m, (str, Mapping))
             ]
     return None
+
+
+def system_instructions(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The Responses API's `instructions`, as the conventions' system instructions (a list of parts)."""
+    instructions = body.get("instructions")
+    return _text_parts(instructions) if isinstance(instructions, str) and instructions else None
 
 
 # --- responses ----------------------------------------------------------------------------------
@@ -153,6 +210,8 @@ class ChunkInfo:
     none (tool-call arguments and reasoning set `content` but are not answer text)."""
     error: bool = False
     """The payload is an error object, a Responses `error` event, or a failed response."""
+    attributes: dict[str, Any] | None = None
+    """Other response attributes it carries (`response_attributes`, `usage_attributes`)."""
 
 
 # Responses API events whose `delta` is generated output; the value says whether it is answer text.
@@ -231,6 +290,7 @@ def _is_error(obj: Mapping[str, Any]) -> bool:
 def _completion(obj: Mapping[str, Any]) -> ChunkInfo:
     """A chat or legacy completion, streamed chunk or whole body, or an embeddings list."""
     info = ChunkInfo(response_id=_text(obj.get("id")), model=_text(obj.get("model")), error=_is_error(obj))
+    info.attributes = response_attributes(obj)
     choices = obj.get("choices")
     if isinstance(choices, list):
         texts: list[str] = []
@@ -306,6 +366,7 @@ def read_response_event(kind: Any, response: Any) -> ChunkInfo:
 def _read_response(response: Mapping[str, Any], info: ChunkInfo, *, final: bool, kind: str = "") -> None:
     info.response_id = _text(response.get("id"))
     info.model = _text(response.get("model"))
+    info.attributes = response_attributes(response)
     _read_usage(response.get("usage"), info)
     if final:
         status = response.get("status")
@@ -369,6 +430,67 @@ def read_usage(usage: Any) -> tuple[int | None, int | None, int | None]:
 def _read_usage(usage: Any, info: ChunkInfo) -> None:
     if usage is not None:
         info.input_tokens, info.output_tokens, info.cached_tokens = read_usage(usage)
+        more = usage_attributes(usage)
+        if more:
+            info.attributes = more if info.attributes is None else {**info.attributes, **more}
+
+
+def response_attributes(response: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A response's service tier and system fingerprint, and an embeddings list's vector size."""
+    found: dict[str, Any] | None = None
+    for key, attribute in (
+        ("service_tier", names.OPENAI_RESPONSE_SERVICE_TIER),
+        ("system_fingerprint", names.OPENAI_RESPONSE_SYSTEM_FINGERPRINT),
+    ):
+        value = response.get(key)
+        if isinstance(value, str) and value:
+            found = found or {}
+            found[attribute] = value
+    if response.get("object") == "list":
+        dimensions = _dimensions(response.get("data"))
+        if dimensions is not None:
+            found = found or {}
+            found[names.GEN_AI_EMBEDDINGS_DIMENSION_COUNT] = dimensions
+    return found
+
+
+def _dimensions(data: Any) -> int | None:
+    """The size of the first embedding: a list of floats, or base64 of little-endian float32s."""
+    if not isinstance(data, list) or not data:
+        return None
+    vector = fields(data[0]).get("embedding")
+    if isinstance(vector, list):
+        return len(vector)
+    if isinstance(vector, str) and vector:
+        return (len(vector) * 3 // 4 - len(vector) + len(vector.rstrip("="))) // 4
+    return None
+
+
+def usage_attributes(usage: Any) -> dict[str, int] | None:
+    """Reasoning tokens and tokens written to the prompt cache, where the usage block has them.
+
+    Reasoning: `completion_tokens_details` (chat) or `output_tokens_details` (Responses). Cache
+    writes: `cache_creation_input_tokens` (Anthropic's spelling, which compatible servers copy), else
+    `cache_write_tokens` or `cache_creation_tokens` in the prompt/input token details.
+    """
+    counts = fields(usage)
+    if not counts:
+        return None
+    found: dict[str, int] = {}
+    for key in ("completion_tokens_details", "output_tokens_details"):
+        reasoning = _count(fields(counts.get(key)).get("reasoning_tokens"))
+        if reasoning is not None:
+            found[names.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
+            break
+    created = _count(counts.get("cache_creation_input_tokens"))
+    for key in ("prompt_tokens_details", "input_tokens_details"):
+        if created is not None:
+            break
+        details = fields(counts.get(key))
+        created = _first_count(details.get("cache_write_tokens"), details.get("cache_creation_tokens"))
+    if created is not None:
+        found[names.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS] = created
+    return found or None
 
 
 def _first_count(preferred: Any, fallback: Any) -> int | None:

@@ -41,8 +41,8 @@ active_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar(
 
 # Query parameters whose value is redacted in url.full: any name ending in one of the suffixes
 # (the bare words included), or one of the other names, compared without '-' and '_' and case
-# (x-api-key, access-token, api_token, key, sig...).
-_SECRET_QUERY_KEYS = frozenset({"auth", "authorization", "code"})
+# (x-api-key, access-token, api_token, key, sig, Signature, X-Goog-Signature, AWSAccessKeyId...).
+_SECRET_QUERY_KEYS = frozenset({"auth", "authorization", "code", "awsaccesskeyid"})
 _SECRET_QUERY_SUFFIXES = ("key", "token", "secret", "signature", "password", "credential", "sig")
 
 
@@ -79,19 +79,24 @@ class CallOpener(Protocol):
 
 
 def safe_url(url: Any) -> str:
-    """The URL without credentials and with secret-looking query values redacted."""
+    """`url.full` as the HTTP conventions want it: user info as `REDACTED:REDACTED@`, and the
+    values of secret-looking query parameters as `REDACTED`."""
     text = str(url)
     if "@" not in text and "?" not in text:  # no user info and no query: nothing to take out
         return text
+    changes: dict[str, Any] = {}
     if url.username or url.password:
-        text = str(url.copy_with(username=None, password=None))
-    if not url.query:
-        return text
-    params = url.params
-    if not any(_secret_query_key(key) for key in params):
-        return text
-    redacted = [(key, "REDACTED" if _secret_query_key(key) else value) for key, value in params.multi_items()]
-    return str(url.copy_with(username=None, password=None, params=redacted))
+        changes.update(username=_REDACTED, password=_REDACTED)
+    if url.query:
+        params = url.params
+        if any(_secret_query_key(key) for key in params):
+            changes["params"] = [
+                (key, _REDACTED if _secret_query_key(key) else value) for key, value in params.multi_items()
+            ]
+    return str(url.copy_with(**changes)) if changes else text
+
+
+_REDACTED = "REDACTED"
 
 
 def cause_of(error: BaseException) -> str:

@@ -9,11 +9,12 @@ attributes, boundaries, bucket counts, counts, sums, min, max and exemplars.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -28,6 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+import llmspans
 from llmspans import _metrics, _stages, _telemetry
 from llmspans import _names as names
 from llmspans._aggregation import CARDINALITY_LIMIT, AggregatingReader, Aggregation
@@ -118,7 +120,9 @@ def tracing() -> Iterator[None]:
         tracer_provider.shutdown()
 
 
-def through_the_sdk(temporality: AggregationTemporality, rounds: int) -> list[MetricsData]:
+def through_the_sdk(
+    temporality: AggregationTemporality, rounds: int, workload: Callable[[int], None] = play
+) -> list[MetricsData]:
     reader = InMemoryMetricReader(preferred_temporality={Histogram: temporality, Counter: temporality})
     provider = MeterProvider(metric_readers=[reader])
     collected = []
@@ -128,13 +132,15 @@ def through_the_sdk(temporality: AggregationTemporality, rounds: int) -> list[Me
             _metrics.SdkRecorder(provider.get_meter("llmspans")),
         )
         for round_number in range(rounds):
-            play(round_number)
+            workload(round_number)
             collected.append(reader.get_metrics_data())
     provider.shutdown()
     return collected
 
 
-def through_our_aggregation(temporality: AggregationTemporality, rounds: int) -> list[MetricsData]:
+def through_our_aggregation(
+    temporality: AggregationTemporality, rounds: int, workload: Callable[[int], None] = play
+) -> list[MetricsData]:
     exporter = Kept(temporality)
     aggregation = Aggregation()
     reader = AggregatingReader(
@@ -148,7 +154,7 @@ def through_our_aggregation(temporality: AggregationTemporality, rounds: int) ->
     with tracing() as tracer_provider:
         _telemetry._override = (tracer_provider.get_tracer("llmspans"), aggregation)  # type: ignore[attr-defined]
         for round_number in range(rounds):
-            play(round_number)
+            workload(round_number)
             provider.force_flush()
     provider.shutdown()
     return exporter.exported[:rounds]
@@ -236,3 +242,30 @@ def test_a_forked_child_starts_from_zero() -> None:
     aggregation.add([(_metrics.STAGE_DURATION, 0.5, _metrics.Labels({names.STAGE: "s"}))], None)
     aggregation.forget_all()
     assert aggregation.collect(lambda spec: AggregationTemporality.CUMULATIVE) == []
+
+
+@pytest.mark.parametrize("path", [through_the_sdk, through_our_aggregation], ids=["sdk", "ours"])
+def test_a_turn_s_duration_has_the_turn_span_as_its_exemplar(
+    path: Callable[..., list[MetricsData]],
+) -> None:
+    """The turn records its duration as it ends, after its context is detached: the exemplar must still
+    come from the turn's own span, not from whatever span is current then (none, or an outer one)."""
+    turns: list[int] = []
+
+    def one_turn(round_number: int) -> None:
+        outer = _telemetry.tracer().start_span("request handler")
+        with trace.use_span(outer, end_on_exit=True), llmspans.turn("chat") as span:
+            turns.append(span.get_span_context().span_id)
+
+    (data,) = path(AggregationTemporality.CUMULATIVE, 1, one_turn)
+    exemplars = [
+        exemplar.span_id
+        for resource_metrics in data.resource_metrics
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+        if metric.name == names.METRIC_STAGE_DURATION
+        for point in metric.data.data_points
+        if point.attributes.get(names.STAGE) == names.STAGE_TURN
+        for exemplar in point.exemplars
+    ]
+    assert exemplars == turns

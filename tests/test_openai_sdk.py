@@ -222,12 +222,87 @@ def test_content_when_opted_in_with_redaction(server: SimulatedServer, captured:
     assert SECRET not in all_exported_text(captured)
 
 
+@pytest.mark.parametrize(
+    ("value", "recorded"),
+    [
+        ("true", True), ("True", True), ("SPAN_ONLY", True), ("span_only", True), ("SPAN_AND_EVENT", True),
+        ("false", False), ("NO_CONTENT", False), ("EVENT_ONLY", False), ("", False), ("maybe", False),
+    ],
+)  # fmt: skip
 def test_content_from_the_standard_environment_variable(
-    server: SimulatedServer, captured: Captured, monkeypatch: pytest.MonkeyPatch
+    server: SimulatedServer, captured: Captured, monkeypatch: pytest.MonkeyPatch, value: str, recorded: bool
 ) -> None:
-    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    """The reference values of the standard switch (any case) as well as true/false: content goes on
+    the span for SPAN_ONLY and SPAN_AND_EVENT; EVENT_ONLY asks for none on spans, and llmspans emits no
+    content events, so it records none."""
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", value)
     sync_client(server).chat.completions.create(model="tiny", messages=MESSAGES)
-    assert "PRIVATE-PROMPT" in call_span(captured).attributes[names.GEN_AI_INPUT_MESSAGES]
+    attributes = call_span(captured).attributes
+    assert (names.GEN_AI_INPUT_MESSAGES in attributes) is recorded
+    assert (names.GEN_AI_OUTPUT_MESSAGES in attributes) is recorded
+    if recorded:
+        assert "PRIVATE-PROMPT" in attributes[names.GEN_AI_INPUT_MESSAGES]
+    else:
+        assert "PRIVATE-PROMPT" not in all_exported_text(captured)
+
+
+USAGE: Any = {"include_usage": True}
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_what_each_operation_asked_and_answered_under_the_convention_names(
+    server: SimulatedServer, captured: Captured, use_async: bool
+) -> None:
+    server.default = Behavior(chunks=4)
+    asked: dict[str, Any] = {
+        "model": "tiny", "messages": MESSAGES, "n": 2, "stop": ["END"], "seed": 3, "frequency_penalty": 0.5, "presence_penalty": 0.25,
+        "service_tier": "flex", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+    }  # fmt: skip
+    settings = {"capture_content": True}
+    if use_async:
+        aclient = async_client(server, settings)
+        await aclient.chat.completions.create(**asked)
+        async for _ in await aclient.chat.completions.create(**asked, stream=True, stream_options=USAGE):
+            pass
+        await aclient.responses.create(
+            model="tiny", input="hi", instructions="Be brief.", conversation="conv_9"
+        )
+        await aclient.embeddings.create(model="emb", input=["a", "b"], dimensions=4)
+    else:
+        client = sync_client(server, settings)
+        client.chat.completions.create(**asked)
+        for _ in client.chat.completions.create(**asked, stream=True, stream_options=USAGE):
+            pass
+        client.responses.create(model="tiny", input="hi", instructions="Be brief.", conversation="conv_9")
+        client.embeddings.create(model="emb", input=["a", "b"], dimensions=4)
+    spans = [s.attributes for s in captured.spans if (s.attributes or {}).get(names.STAGE) == "llm"]
+    whole, streamed, responses, embeddings = spans
+    for chat in (whole, streamed):
+        assert chat[names.GEN_AI_REQUEST_CHOICE_COUNT] == 2
+        assert list(chat[names.GEN_AI_REQUEST_STOP_SEQUENCES]) == ["END"]
+        assert chat[names.GEN_AI_REQUEST_SEED] == 3
+        assert chat[names.GEN_AI_REQUEST_FREQUENCY_PENALTY] == 0.5
+        assert chat[names.GEN_AI_REQUEST_PRESENCE_PENALTY] == 0.25
+        assert chat[names.GEN_AI_OUTPUT_TYPE] == "json"
+        assert chat[names.OPENAI_REQUEST_SERVICE_TIER] == "flex"
+        assert chat[names.OPENAI_RESPONSE_SERVICE_TIER] == "flex"
+        assert chat[names.OPENAI_RESPONSE_SYSTEM_FINGERPRINT] == "fp_sim"
+        assert chat[names.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] == 0
+        assert list(chat[names.GEN_AI_RESPONSE_FINISH_REASONS]) == ["stop", "stop"]
+    assert responses[names.GEN_AI_CONVERSATION_ID] == "conv_9"
+    assert json.loads(responses[names.GEN_AI_SYSTEM_INSTRUCTIONS]) == [
+        {"type": "text", "content": "Be brief."}
+    ]
+    assert responses[names.OPENAI_RESPONSE_SERVICE_TIER] == "default"
+    assert responses[names.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS] == 0
+    assert embeddings[names.GEN_AI_EMBEDDINGS_DIMENSION_COUNT] == 4
+    # The SDK asks for base64 and decodes it itself: the span says what went over the wire.
+    assert list(embeddings[names.GEN_AI_REQUEST_ENCODING_FORMATS]) == ["base64"]
+    assert json.loads(embeddings[names.GEN_AI_INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "a"}]},
+        {"role": "user", "parts": [{"type": "text", "content": "b"}]},
+    ]
+    assert names.GEN_AI_OUTPUT_MESSAGES not in embeddings
 
 
 # --- operations and response wrappers -------------------------------------------------------------

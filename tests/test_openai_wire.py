@@ -31,7 +31,11 @@ def chat_chunk(delta: Any, finish: str | None = None, **extra: Any) -> str:
 
 def test_role_only_first_chunk_is_not_content() -> None:
     info = classify(None, chat_chunk({"role": "assistant", "content": "", "refusal": None}))
-    assert info == ChunkInfo(response_id="chatcmpl-abc", model="gpt-4o-mini-2024-07-18")
+    assert info == ChunkInfo(
+        response_id="chatcmpl-abc",
+        model="gpt-4o-mini-2024-07-18",
+        attributes={"openai.response.system_fingerprint": "fp_0ba0d124f1"},
+    )
 
 
 def test_content_chunk() -> None:
@@ -83,6 +87,7 @@ def test_finish_chunk_with_usage_transformers_serve_style() -> None:
         finish_indexes=[0],
         input_tokens=12,
         output_tokens=34,
+        attributes={"openai.response.system_fingerprint": "fp_0ba0d124f1"},
     )
 
 
@@ -103,8 +108,9 @@ def test_usage_only_chunk() -> None:
     }
     info = classify(None, json.dumps(payload))
     assert info == ChunkInfo(
-        response_id="chatcmpl-abc", model="m", input_tokens=1200, output_tokens=80, cached_tokens=1024
-    )
+        response_id="chatcmpl-abc", model="m", input_tokens=1200, output_tokens=80, cached_tokens=1024,
+        attributes={"gen_ai.usage.reasoning.output_tokens": 0},
+    )  # fmt: skip
 
 
 def test_done_sentinel() -> None:
@@ -274,6 +280,7 @@ def test_responses_completed_with_usage() -> None:
         input_tokens=37,
         output_tokens=11,
         cached_tokens=16,
+        attributes={"gen_ai.usage.reasoning.output_tokens": 0},
     )
 
 
@@ -377,7 +384,7 @@ def test_json_body_embeddings() -> None:
         "usage": {"prompt_tokens": 8, "total_tokens": 8},
     }
     assert classify_json_body(json.dumps(body).encode()) == ChunkInfo(
-        model="text-embedding-3-small", input_tokens=8
+        model="text-embedding-3-small", input_tokens=8, attributes={"gen_ai.embeddings.dimension.count": 2}
     )
 
 
@@ -400,6 +407,7 @@ def test_json_body_responses_object() -> None:
         output_tokens=11,
         cached_tokens=16,
         content_text="Under the moon",
+        attributes={"gen_ai.usage.reasoning.output_tokens": 0},
     )
     call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}"}
     info = classify_json_body(json.dumps(response_object("completed", output=[call])).encode())
@@ -469,3 +477,89 @@ def test_an_sdk_object_reads_as_its_json_body(shape: str) -> None:
     assert from_json is not None
     assert from_json.response_id or from_json.input_tokens
     assert read_payload(sdk_object(type_, payload)) == from_json
+
+
+# --- what else a request and a response say ----------------------------------------------------------
+
+
+def test_a_request_s_parameters_under_their_convention_names() -> None:
+    from llmspans._openai_wire import request_attributes
+
+    chat = {
+        "model": "m", "messages": [], "n": 3, "stop": "END", "seed": 42, "frequency_penalty": 0.5,
+        "presence_penalty": -1, "top_k": 40, "service_tier": "flex", "response_format": {"type": "json_schema"},
+    }  # fmt: skip
+    assert request_attributes(chat) == {
+        "gen_ai.request.choice.count": 3,
+        "gen_ai.request.stop_sequences": ("END",),
+        "gen_ai.request.seed": 42,
+        "gen_ai.request.frequency_penalty": 0.5,
+        "gen_ai.request.presence_penalty": -1.0,
+        "gen_ai.request.top_k": 40.0,
+        "openai.request.service_tier": "flex",
+        "gen_ai.output.type": "json",
+    }
+    assert isinstance(
+        request_attributes(chat)["gen_ai.request.top_k"], float
+    )  # a double, as the conventions say
+    # n=1 is the default: no choice count; a list of stops; the Responses API's format and conversation.
+    responses = {
+        "n": 1,
+        "stop": ["a", "b"],
+        "text": {"format": {"type": "text"}},
+        "conversation": {"id": "conv_1"},
+    }
+    assert request_attributes(responses) == {
+        "gen_ai.request.stop_sequences": ("a", "b"),
+        "gen_ai.output.type": "text",
+        "gen_ai.conversation.id": "conv_1",
+    }
+    embeddings = {"input": ["a"], "encoding_format": "base64", "dimensions": 256, "conversation": "conv_2"}
+    assert request_attributes(embeddings) == {
+        "gen_ai.request.encoding_formats": ("base64",),
+        "gen_ai.embeddings.dimension.count": 256,
+        "gen_ai.conversation.id": "conv_2",
+    }
+    # Wrong types are left out rather than recorded wrong.
+    odd = {"n": True, "seed": "7", "stop": [1], "top_k": False, "dimensions": 2.5, "response_format": "json"}
+    assert request_attributes(odd) == {}
+
+
+def test_usage_details_give_reasoning_and_cache_creation_tokens() -> None:
+    from llmspans._openai_wire import usage_attributes
+
+    assert usage_attributes(
+        {"completion_tokens_details": {"reasoning_tokens": 7}, "cache_creation_input_tokens": 100}
+    ) == {"gen_ai.usage.reasoning.output_tokens": 7, "gen_ai.usage.cache_creation.input_tokens": 100}
+    assert usage_attributes(
+        {"output_tokens_details": {"reasoning_tokens": 2}, "input_tokens_details": {"cache_write_tokens": 9}}
+    ) == {"gen_ai.usage.reasoning.output_tokens": 2, "gen_ai.usage.cache_creation.input_tokens": 9}
+    assert usage_attributes({"prompt_tokens": 3, "completion_tokens": 4}) is None
+    assert usage_attributes({"completion_tokens_details": {"reasoning_tokens": -1}}) is None
+
+
+def test_a_base64_embedding_gives_its_dimension_count() -> None:
+    import base64
+    import struct
+
+    vector = base64.b64encode(struct.pack("<5f", *range(5))).decode()
+    body = {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+        "model": "e",
+    }
+    info = classify_json_body(json.dumps(body).encode())
+    assert info is not None
+    assert info.attributes == {"gen_ai.embeddings.dimension.count": 5}
+
+
+def test_texts_in_a_list_input_are_messages_and_instructions_are_system_instructions() -> None:
+    from llmspans._openai_wire import input_messages, system_instructions
+
+    assert input_messages({"input": ["first", [1, 2], "second"]}) == [
+        {"role": "user", "parts": [{"type": "text", "content": "first"}]},
+        {"role": "user", "parts": [{"type": "text", "content": "second"}]},
+    ]
+    assert system_instructions({"instructions": "Be brief."}) == [{"type": "text", "content": "Be brief."}]
+    assert system_instructions({"instructions": ""}) is None
+    assert system_instructions({"messages": []}) is None

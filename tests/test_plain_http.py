@@ -74,14 +74,17 @@ class AnyClient:
 
     def __init__(
         self, kind: str, base_url: str, *, instrumented: bool = True, attempt_spans: str | None = None,
-        **kwargs: Any,
+        capture_content: bool | None = None, **kwargs: Any,
     ) -> None:  # fmt: skip
         library, _, class_name = kind.partition(".")
         self.module = importlib.import_module(library)
         self.is_async = class_name == "AsyncClient"
         self.client = getattr(self.module, class_name)(base_url=base_url, **kwargs)
         if instrumented:
-            assert llmspans.instrument(self.client, attempt_spans=attempt_spans) is self.client
+            instrumented_client = llmspans.instrument(
+                self.client, attempt_spans=attempt_spans, capture_content=capture_content
+            )
+            assert instrumented_client is self.client
 
     async def request(self, method: str, url: str, **kwargs: Any) -> Any:
         """A whole response, body read (the client's default, non-streamed mode)."""
@@ -432,6 +435,54 @@ async def test_non_streamed_operations(
     assert_buckets_sum_to_duration(span)
 
 
+async def test_what_each_operation_asked_and_answered_under_the_convention_names(
+    server: SimulatedServer, make: Callable[..., AnyClient], captured: Captured
+) -> None:
+    http = make(server.base_url, capture_content=True)
+    server.default = Behavior(chunks=4)
+    asked = chat(
+        stream=True, n=2, stop="END", seed=3, frequency_penalty=0.5, presence_penalty=0.25, service_tier="flex",
+        response_format={"type": "json_object"}, stream_options={"include_usage": True},
+    )  # fmt: skip
+    async with http.stream("POST", "/chat/completions", json=asked) as response:
+        await http.all_lines(response)
+    responses = {"model": "tiny", "input": "hi", "instructions": "Be brief.", "conversation": "conv_9"}
+    await http.request("POST", "/responses", json=responses)
+    await http.request(
+        "POST", "/embeddings", json={"model": "emb", "input": ["a", "b"], "encoding_format": "base64"}
+    )
+    chat_span, responses_span, embeddings_span = (span.attributes for span in call_spans(captured))
+
+    assert chat_span[names.GEN_AI_REQUEST_CHOICE_COUNT] == 2
+    assert list(chat_span[names.GEN_AI_REQUEST_STOP_SEQUENCES]) == ["END"]
+    assert chat_span[names.GEN_AI_REQUEST_SEED] == 3
+    assert chat_span[names.GEN_AI_REQUEST_FREQUENCY_PENALTY] == 0.5
+    assert chat_span[names.GEN_AI_REQUEST_PRESENCE_PENALTY] == 0.25
+    assert chat_span[names.GEN_AI_OUTPUT_TYPE] == "json"
+    assert chat_span[names.OPENAI_REQUEST_SERVICE_TIER] == "flex"
+    assert chat_span[names.OPENAI_RESPONSE_SERVICE_TIER] == "flex"  # the simulator answers on the tier asked
+    assert chat_span[names.OPENAI_RESPONSE_SYSTEM_FINGERPRINT] == "fp_sim"
+    assert chat_span[names.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] == 0
+    assert list(chat_span[names.GEN_AI_RESPONSE_FINISH_REASONS]) == ["stop", "stop"]
+
+    assert responses_span[names.GEN_AI_CONVERSATION_ID] == "conv_9"
+    assert json.loads(responses_span[names.GEN_AI_SYSTEM_INSTRUCTIONS]) == [
+        {"type": "text", "content": "Be brief."}
+    ]
+    assert (
+        responses_span[names.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS] == 0
+    )  # the simulator's cache_write_tokens
+    assert names.GEN_AI_SYSTEM_INSTRUCTIONS not in chat_span
+
+    assert list(embeddings_span[names.GEN_AI_REQUEST_ENCODING_FORMATS]) == ["base64"]
+    assert embeddings_span[names.GEN_AI_EMBEDDINGS_DIMENSION_COUNT] == 8  # the simulator's default size
+    assert json.loads(embeddings_span[names.GEN_AI_INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "a"}]},
+        {"role": "user", "parts": [{"type": "text", "content": "b"}]},
+    ]
+    assert names.GEN_AI_OUTPUT_MESSAGES not in embeddings_span  # vectors are not an answer to record
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
@@ -694,7 +745,8 @@ async def test_no_credentials_in_the_url_or_any_attribute(
     assert basic.startswith("Basic ")  # the credentials did travel: the test can see a leak
     assert bearer == f"Bearer {SECRET}"
     expected = f"http://127.0.0.1:{server.port}/v1/chat/completions?api-key=REDACTED"
-    assert [a.attributes[names.URL_FULL] for a in attempt_spans(captured)] == [expected, expected]
+    with_user = f"http://REDACTED:REDACTED@127.0.0.1:{server.port}/v1/chat/completions?api-key=REDACTED"
+    assert [a.attributes[names.URL_FULL] for a in attempt_spans(captured)] == [with_user, expected]
     assert len(call_spans(captured)) == 2
     text = all_exported_text(captured)
     for secret in ("hunter2", "SECRET", basic.split()[1], "Bearer", "PRIVATE-PROMPT"):

@@ -216,7 +216,7 @@ def test_with_capture_off_no_secret_leaves_the_process(tmp_path: Path) -> None:
     for span in spans:
         url = span["attributes"].get(names.URL_FULL)
         if url:
-            assert "@" not in url, url
+            assert "@" not in url or "://REDACTED:REDACTED@" in url, url  # user info as the conventions say
             assert URL_USER not in url, url
     assert not any(key in exported.lower() for key in ('"authorization"', '"api-key"', '"x-api-key"'))
 
@@ -324,7 +324,13 @@ def test_the_vllm_sampler_logs_its_url_without_credentials(caplog: pytest.LogCap
     assert SECRETS["url_password"] not in caplog.text
 
 
-@pytest.mark.parametrize("key", ["x-api-key", "access-token", "api_token", "private_token", "client-secret"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "x-api-key", "access-token", "api_token", "private_token", "client-secret",
+        "AWSAccessKeyId", "Signature", "sig", "X-Goog-Signature",
+    ],
+)  # fmt: skip
 def test_secret_looking_query_values_are_redacted_in_any_common_spelling(key: str) -> None:
     import httpx
 
@@ -332,3 +338,20 @@ def test_secret_looking_query_values_are_redacted_in_any_common_spelling(key: st
 
     url = httpx.URL(f"http://127.0.0.1:8000/v1/chat/completions?{key}={SECRETS['query_key']}&api-version=1")
     assert SECRETS["query_key"] not in safe_url(url)
+
+
+def test_user_info_in_url_full_is_redacted_as_the_conventions_say() -> None:
+    import httpx
+
+    from llmspans._transport import safe_url
+
+    url = httpx.URL(f"https://alice:{SECRETS['url_password']}@example.test/v1/chat/completions?api-version=1")
+    assert safe_url(url) == "https://REDACTED:REDACTED@example.test/v1/chat/completions?api-version=1"
+    presigned = httpx.URL(
+        f"https://bucket.test/o?AWSAccessKeyId={SECRETS['query_key']}&Expires=1&Signature={SECRETS['query_key']}"
+    )
+    assert safe_url(presigned) == "https://bucket.test/o?AWSAccessKeyId=REDACTED&Expires=1&Signature=REDACTED"
+    assert (
+        safe_url(httpx.URL("http://127.0.0.1:8000/v1/chat/completions"))
+        == "http://127.0.0.1:8000/v1/chat/completions"
+    )

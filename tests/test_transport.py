@@ -132,3 +132,51 @@ def test_an_attempt_whose_body_fails_after_the_headers_is_marked_failed(
     assert attempt.status.status_code == StatusCode.ERROR
     assert attempt.attributes[names.ERROR_TYPE]  # the HTTP library's error, under the SDK's own
     assert call_span(captured).attributes[names.ERROR_TYPE] == type(raised).__qualname__
+
+
+# --- vLLM reads only W3C trace context ----------------------------------------------------------
+
+
+_PROPAGATION_RUN = """
+import json, sys
+import openai
+import llmspans
+from llmspans.testing import capture
+from llmspans.tools.simulator import SimulatedServer
+
+with SimulatedServer() as server, capture() as captured:
+    for provider in ("vllm", "openai"):
+        client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="x"), provider=provider)
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    calls = [s for s in captured.spans if s.attributes.get("llmspans.stage") == "llm"]
+    sent = [{k.lower(): v for k, v in r.headers.items()} for r in server.requests]
+    print(json.dumps({
+        "trace_ids": [format(s.context.trace_id, "032x") for s in calls],
+        "headers": [{k: v for k, v in h.items() if k in ("traceparent", "b3", "x-b3-traceid")} for h in sent],
+    }))
+"""
+
+
+def test_with_a_b3_propagator_vllm_still_gets_a_w3c_traceparent() -> None:
+    """vLLM extracts only `traceparent`: with `OTEL_PROPAGATORS=b3` the client→server trace would break,
+    so a `provider="vllm"` client sends W3C trace context too. Other providers get the app's choice alone."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OTEL_PROPAGATORS": "b3"}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROPAGATION_RUN],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    (vllm_trace, openai_trace), (to_vllm, to_openai) = seen["trace_ids"], seen["headers"]
+    assert to_vllm["b3"].startswith(vllm_trace)  # the app's propagator still ran
+    assert to_vllm["traceparent"].split("-")[1] == vllm_trace
+    assert to_openai["b3"].startswith(openai_trace)
+    assert "traceparent" not in to_openai

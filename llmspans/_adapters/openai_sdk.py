@@ -83,7 +83,8 @@ class _Reading:
         self.operation = operation
         self.hide_usage = hide_usage
         self.capture = capture
-        self.output: list[str] | None = [] if capture else None
+        # Embeddings have no output message to record: not even an empty one.
+        self.output: list[str] | None = [] if capture and not operation.endswith("/embeddings") else None
 
 
 # --- reading the SDK's objects -------------------------------------------------------------
@@ -93,17 +94,30 @@ def _apply(record: CallRecord, info: ChunkInfo) -> None:
     """What a whole response (or a Responses event carrying one) says, on the call."""
     record.set_response(info.response_id, info.model, info.finish_reasons)
     record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
+    if info.attributes:
+        record.set_attributes(info.attributes)
 
 
 def _usage(record: CallRecord, usage: Any) -> None:
     record.set_usage(*_openai_wire.read_usage(usage))
+    more = _openai_wire.usage_attributes(usage)
+    if more:
+        record.set_attributes(more)
+
+
+def _first_chunk(record: CallRecord, item: Any) -> None:
+    """What a stream says once, on its first chunk: the response's id and model, tier, fingerprint."""
+    record.set_response(getattr(item, "id", None), getattr(item, "model", None))
+    more = _openai_wire.response_attributes(_openai_wire.fields(item))
+    if more:
+        record.set_attributes(more)
 
 
 def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
     """One streamed chat chunk (the per-chunk path): is it content, did a choice finish, any usage."""
     record = reading.record
     if record.response_id is None:
-        record.set_response(getattr(item, "id", None), getattr(item, "model", None))
+        _first_chunk(record, item)
     choices = item.choices
     usage = item.usage
     if choices:
@@ -137,7 +151,7 @@ def _tokens_in(record: CallRecord, usage: Any) -> int:
 def _completion_item(reading: _Reading, item: Any, now: int) -> bool:
     record = reading.record
     if record.response_id is None:
-        record.set_response(getattr(item, "id", None), getattr(item, "model", None))
+        _first_chunk(record, item)
     choices = item.choices
     if choices:
         text = choices[0].text
@@ -181,7 +195,7 @@ def _read_result(reading: _Reading, result: Any) -> None:
     """A complete (non-streamed) response: an SDK object, or the decoded body of a raw one."""
     info = _openai_wire.read_payload(result)
     _apply(reading.record, info)
-    if reading.capture:
+    if reading.output is not None:
         reading.output = [info.content_text] if info.content_text is not None else []
 
 
@@ -297,9 +311,7 @@ class OpenAIInstrumentation:
         reading = _Reading(record, url.rstrip("/"), hide_usage, capture)
         if capture:
             with swallow(sites.OPENAI_CONTENT):
-                _content.write(
-                    record, capture, names.GEN_AI_INPUT_MESSAGES, _openai_wire.input_messages(body)
-                )
+                _content.write_input(record, capture, body)
         return reading, options
 
     def _wrap_result(self, reading: _Reading, result: Any) -> Any:

@@ -125,10 +125,14 @@ class _StreamObserver(_BodyReader):
                 self.output.append(info.content_text)
         if record.response_id is None:
             record.set_response(info.response_id, info.model)
+            if info.attributes:  # a stream's tier and fingerprint, said on its first chunk
+                record.set_attributes(info.attributes)
         for index, reason in zip(info.finish_indexes, info.finish_reasons, strict=True):
             record.choice_finished(index, reason)
         if info.input_tokens is not None or info.output_tokens is not None:
             record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
+            if info.attributes:
+                record.set_attributes(info.attributes)
 
     def read(self, chunk: bytes, now_ns: int) -> None:
         self._now = now_ns
@@ -163,6 +167,8 @@ class _JsonObserver(_BodyReader):
             return
         self.record.set_response(info.response_id, info.model, info.finish_reasons)
         self.record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
+        if info.attributes:
+            self.record.set_attributes(info.attributes)
         if self.capture:
             _content.write_output(self.record, self.capture, info.content_text or "")
 
@@ -199,12 +205,10 @@ class OpenAIPathCalls:
         capture = _content.resolve(self.settings.capture_content) if record.recording else False
         if capture:
             with swallow(sites.HTTPX_CONTENT):  # a redaction hook that raises must not leave the span open
-                _content.write(
-                    record, capture, names.GEN_AI_INPUT_MESSAGES, _openai_wire.input_messages(body)
-                )
+                _content.write_input(record, capture, body)
         observer: _StreamObserver | _JsonObserver = (
             _StreamObserver(record, capture, responses_api=_openai_wire.is_responses_path(url.path))
             if stream
-            else _JsonObserver(record, capture)
+            else _JsonObserver(record, capture if operation != names.OPERATION_EMBEDDINGS else False)
         )
         return record, observer

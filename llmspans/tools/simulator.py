@@ -311,13 +311,23 @@ class _Ctx:
             usage_mode=mode,
         )
 
-    def usage(self) -> dict[str, int]:
+    def usage(self, details: bool = False) -> dict[str, Any]:
+        """Token counts; `details` adds chat's `prompt_tokens_details` / `completion_tokens_details`."""
         n = self.behavior.chunks
-        return {
+        counts: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": n,
             "total_tokens": self.prompt_tokens + n,
         }
+        if details:
+            counts["prompt_tokens_details"] = {"cached_tokens": 0}
+            counts["completion_tokens_details"] = {"reasoning_tokens": 0}
+        return counts
+
+    def service_tier(self) -> str:
+        """The tier the answer says it ran on: the one asked for, `default` for none or `auto`."""
+        asked = self.body.get("service_tier")
+        return asked if isinstance(asked, str) and asked != "auto" else "default"
 
 
 def _choice_count(body: dict[str, Any]) -> int | None:
@@ -341,7 +351,7 @@ def _chat(c: _Ctx) -> _Full | _Stream:
         return _Full(_error_body(400, "'n' must be an integer from 1 to 128"), 400)
     call_id = f"call_sim{c.seq}"
     base: dict[str, Any] = {"id": f"chatcmpl-sim{c.seq}", "object": "chat.completion.chunk"}
-    base.update(created=c.created, model=c.model)
+    base.update(created=c.created, model=c.model, service_tier=c.service_tier(), system_fingerprint="fp_sim")
     if not c.stream:
         choices = []
         for index in range(answers):
@@ -364,7 +374,7 @@ def _chat(c: _Ctx) -> _Full | _Stream:
             )
         obj = {**base, "object": "chat.completion", "choices": choices}
         if b.usage != "none":
-            obj["usage"] = c.usage()
+            obj["usage"] = c.usage(details=True)
         return _Full(_dumps(obj))
 
     def chunk(delta: Any, finish: str | None = None, index: int = 0, **extra: Any) -> dict[str, Any]:
@@ -408,10 +418,10 @@ def _chat(c: _Ctx) -> _Full | _Stream:
     for k in range(answers):
         finish = chunk({}, b.finish_reason, index=k)
         if c.usage_mode == "finish" and k == answers - 1:
-            finish["usage"] = c.usage()
+            finish["usage"] = c.usage(details=True)
         tail.append(_sse(_dumps(finish)))
     if c.usage_mode == "chunk":
-        tail.append(_sse(_dumps({**base, "choices": [], "usage": c.usage()})))
+        tail.append(_sse(_dumps({**base, "choices": [], "usage": c.usage(details=True)})))
     if b.done:
         tail.append(_DONE_FRAME)
     return _Stream(prelude, content, tail)
@@ -498,6 +508,7 @@ def _responses(c: _Ctx) -> _Full | _Stream:
             "metadata": {},
             "model": c.model,
             "output": output,
+            "service_tier": c.service_tier(),
             "parallel_tool_calls": True,
             "temperature": 1.0,
             "text": {"format": {"type": "text"}},

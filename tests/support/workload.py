@@ -72,8 +72,14 @@ def exercise() -> Exercised:
             list(stream)
             weather("Lyon")
             asyncio.run(slow_lookup())
-            client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "again"}])
-            client.responses.create(model="sim-model", input="usage with cached tokens")
+            client.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": "again"}], n=2, stop=["END"],
+                seed=1, frequency_penalty=0.1, presence_penalty=0.2, response_format={"type": "json_object"},
+                service_tier="flex",
+            )  # fmt: skip
+            client.responses.create(
+                model="sim-model", input="usage with cached tokens", conversation="conv_1"
+            )
 
         lane = llmspans.Limiter(2, name="interactive")
         laned = llmspans.instrument(
@@ -89,6 +95,10 @@ def exercise() -> Exercised:
         )
         with llmspans.turn("batch"), lane:  # the `with limiter:` form around the app's own code
             pass
+        laned.responses.create(model="sim-model", input="captured", instructions="Answer briefly.")
+        laned.embeddings.create(
+            model="sim-embed", input=["one", "two"], dimensions=4, encoding_format="float"
+        )  # fmt: skip
         server.enqueue(
             Behavior(chunks=4, drop_after=2)
         )  # an error after content: error.type on chunk metrics
