@@ -124,6 +124,9 @@ class CallRecord:
     # Set when nothing but the close of the response body will tell that the call is over (a raw
     # streaming response the caller reads by hand).
     finish_on_close = False
+    # What reads the response body as bytes for an adapter whose SDK will not (a raw streaming
+    # response read line by line): a `_transport.BodyObserver` the transport feeds, or None.
+    body_observer: Any = None
     # When the latest bytes of the response body arrived (stamped by the transport as it reads
     # them). An SDK parses a network read into items before handing them over, so an item's true
     # arrival is the read that completed it, not the moment we see it.

@@ -214,12 +214,13 @@ class _AttemptScope:
         if attempt.span is not None:
             with swallow(sites.TRANSPORT_SPAN_END):  # a span processor that raises must not reach the app
                 _end_attempt_span(self.record, attempt, attempt.span, error)
-        if self.owns_call:
+        ends_call = self.owns_call or (
+            self.record.finish_on_close and bool(self.record.attempts) and self.record.attempts[-1] is attempt
+        )
+        if ends_call:
             if self.observer is not None:
                 with swallow(sites.TRANSPORT_OBSERVER):
                     self.observer.finish(now, error)
-            self.record.finish(self._outcome(error), error=error, now_ns=now)
-        elif self.record.finish_on_close and self.record.attempts and self.record.attempts[-1] is attempt:
             self.record.finish(self._outcome(error), error=error, now_ns=now)
 
     def _outcome(self, error: BaseException | None) -> str:
@@ -440,7 +441,7 @@ class _Transport:
                     return None
                 opened = plain.begin(request)
                 return None if opened is None else (opened[0], opened[1], True)
-            return None if record.finished else (record, None, False)
+            return None if record.finished else (record, record.body_observer, False)
         except Exception as failure:
             report(sites.TRANSPORT_BEGIN, failure)
             return None

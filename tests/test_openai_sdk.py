@@ -359,6 +359,58 @@ def test_with_raw_response_and_with_streaming_response(server: SimulatedServer, 
     assert spans[3].attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
 
 
+@retry_timing
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("how", ["streaming-lines", "streaming-bytes", "raw-lines", "streaming-parse"])
+async def test_a_raw_stream_read_by_hand_is_stamped_chunk_by_chunk(
+    server: SimulatedServer, captured: Captured, use_async: bool, how: str
+) -> None:
+    """`with_streaming_response` (or `with_raw_response`) read with `iter_lines()`/`iter_bytes()`: the
+    SDK parses nothing, so the transport reads the SSE itself; each chunk is stamped when its bytes came,
+    once (not twice when the app does call `parse()`), and the app's bytes are what the server sent,
+    with no usage chunk added even though `request_usage` is on."""
+    server.default = STREAM
+    settings = {"request_usage": True}
+    request: dict[str, Any] = {"model": "tiny", "messages": MESSAGES, "stream": True}
+    received: list[str] = []
+    if use_async:
+        aclient = async_client(server, settings)
+        if how == "raw-lines":
+            raw = await aclient.chat.completions.with_raw_response.create(**request)
+            received = [line async for line in raw.http_response.aiter_lines() if line]
+            await raw.http_response.aclose()
+        else:
+            async with aclient.chat.completions.with_streaming_response.create(**request) as response:
+                if how == "streaming-lines":
+                    received = [line async for line in response.iter_lines() if line]
+                elif how == "streaming-bytes":
+                    received = (
+                        b"".join([piece async for piece in response.iter_bytes()]).decode().split("\n\n")
+                    )
+                else:
+                    received = [chunk.model_dump_json() async for chunk in await response.parse()]
+    else:
+        client = sync_client(server, settings)
+        if how == "raw-lines":
+            raw = client.chat.completions.with_raw_response.create(**request)
+            received = [line for line in raw.http_response.iter_lines() if line]
+            raw.http_response.close()
+        else:
+            with client.chat.completions.with_streaming_response.create(**request) as response:
+                if how == "streaming-lines":
+                    received = [line for line in response.iter_lines() if line]
+                elif how == "streaming-bytes":
+                    received = b"".join(response.iter_bytes()).decode().split("\n\n")
+                else:
+                    received = [chunk.model_dump_json() for chunk in response.parse()]
+    assert server.wait_idle()
+    served = server.requests[-1]
+    assert "stream_options" not in served.body  # raw bytes reach the app: nothing may be added to them
+    if how != "streaming-parse":
+        assert any("[DONE]" in line for line in received)
+    check_stream_timings(call_span(captured), served)
+
+
 async def test_async_with_streaming_response(server: SimulatedServer, captured: Captured) -> None:
     client = async_client(server)
     async with client.chat.completions.with_streaming_response.create(

@@ -25,6 +25,7 @@ from llmspans import _content, _openai_wire, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._adapters import openai_entry
+from llmspans._adapters.body_readers import StreamObserver
 from llmspans._adapters.openai_entry import called_at
 from llmspans._call import CallRecord
 from llmspans._guard import check_fault, report, swallow
@@ -33,6 +34,7 @@ from llmspans._settings import Settings
 from llmspans._stream import AsyncStreamProxy, SyncStreamProxy
 
 _MARK = "_llmspans_instrumentation"
+_RAW_RESPONSE_HEADER = "X-Stainless-Raw-Response"  # the SDK's mark on a raw response's request
 _RESPONSE_EVENTS = frozenset(
     {"response.created", "response.completed", "response.incomplete", "response.failed"}
 )
@@ -298,10 +300,14 @@ class OpenAIInstrumentation:
         if isinstance(extra, Mapping) and extra:
             body = {**body, **extra}  # extra_body: what the SDK sends merged into the JSON
         stream = body.get("stream") is True
+        # A raw response (`with_streaming_response`, `with_raw_response`) the app may read line by
+        # line: its bytes are then all there is to read, so the transport reads them for us.
+        raw = stream and _raw_mode(options) is not None
         hide_usage = False
         if (
             self.settings.request_usage and stream and operation == names.OPERATION_CHAT
             and not _openai_wire.is_responses_path(url) and "stream_options" not in body
+            and not raw  # a usage chunk in raw lines could not be hidden from the app
         ):  # fmt: skip
             options = options.model_copy()
             options.json_data = {**options.json_data, "stream_options": {"include_usage": True}}
@@ -309,6 +315,8 @@ class OpenAIInstrumentation:
         record = self.settings.new_record(operation, body, stream, self.client.base_url, called_at.get())
         capture = _content.resolve(self.settings.capture_content) if record.recording else False
         reading = _Reading(record, url.rstrip("/"), hide_usage, capture)
+        if raw:
+            record.body_observer = StreamObserver(record, capture, _openai_wire.is_responses_path(url))
         if capture:
             with swallow(sites.OPENAI_CONTENT):
                 _content.write_input(record, capture, body)
@@ -349,6 +357,9 @@ class OpenAIInstrumentation:
         class RawProxy(_RawResponseProxy):
             def _self_parsing(self) -> None:
                 reading.record.finish_on_close = False  # parse() reads and closes the body: we finish
+                observer = reading.record.body_observer
+                if observer is not None:
+                    observer.muted = True  # the parsed stream's items are stamped instead
 
             def _self_failed(self, error: BaseException) -> None:
                 _finish(reading, names.OUTCOME_ERROR, error)
@@ -415,6 +426,15 @@ class OpenAIInstrumentation:
         finally:
             _leave(tokens)
         return self._hand_over(reading, result)
+
+
+def _raw_mode(options: Any) -> str | None:
+    """`stream` (`with_streaming_response`), `raw` or `true` (`with_raw_response`), or None."""
+    headers = getattr(options, "headers", None)
+    if not isinstance(headers, Mapping):
+        return None
+    mode = headers.get(_RAW_RESPONSE_HEADER, headers.get(_RAW_RESPONSE_HEADER.lower()))
+    return mode if isinstance(mode, str) else None
 
 
 def _enter(record: CallRecord) -> tuple[Any, Any]:

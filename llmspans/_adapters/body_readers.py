@@ -1,0 +1,138 @@
+"""An OpenAI-compatible response body read as its bytes arrive, for a call whose body llmspans sees
+only as bytes: any plain httpx/httpx2 client's, and the openai SDK's raw streaming responses
+(`with_streaming_response`, `with_raw_response`) that the app reads line by line.
+
+The SSE body is parsed event by event and each content event stamped at the instant its bytes came;
+a JSON body is kept (bounded) and read once complete. Nothing is buffered beyond that one body.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from llmspans import _content, _openai_wire, _sse
+from llmspans._call import CallRecord
+
+__all__ = ["BodyReader", "JsonObserver", "StreamObserver"]
+
+_MAX_JSON_BODY = 8 * 1024 * 1024
+
+
+class BodyReader:
+    """What both observers share: the transport hands over the body as it came off the wire,
+    still content-encoded, so a gzip or deflate body is decoded here as the client decodes it
+    for the app. Any other coding (br, zstd) leaves the body unread: no usage, never a misreading.
+    """
+
+    complete = False
+    muted = False
+    """Set once something else reads the same body for the call (the SDK's parsed stream)."""
+    _decoders: list[Any] | None = None  # None: identity; []: a coding we cannot undo
+
+    def response_headers(self, headers: Any) -> None:
+        codings = [c.strip().lower() for c in headers.get("content-encoding", "").split(",")]
+        codings = [c for c in codings if c and c != "identity"]
+        if codings:
+            # MAX_WBITS | 32 takes a gzip or a zlib header, which is what "deflate" means in HTTP.
+            decodable = all(c in ("gzip", "x-gzip", "deflate") for c in codings)
+            self._decoders = [zlib.decompressobj(zlib.MAX_WBITS | 32) for _ in codings] if decodable else []
+
+    def feed(self, chunk: bytes, now_ns: int) -> None:
+        if self.muted:
+            return
+        decoders = self._decoders
+        if decoders is not None:
+            if not decoders:
+                return
+            try:
+                for decoder in reversed(decoders):  # the last coding applied is undone first
+                    chunk = decoder.decompress(chunk)
+            except zlib.error:
+                decoders.clear()  # the app's client fails on this body too; stop reading it
+                return
+        self.read(chunk, now_ns)
+
+    def read(self, chunk: bytes, now_ns: int) -> None:
+        raise NotImplementedError
+
+
+class StreamObserver(BodyReader):
+    """Parses the SSE body as it arrives and stamps content events at the instant their bytes came.
+
+    `complete` turns true at the stream's own end marker: `[DONE]` for chat and completions, the
+    final `response.completed`/`incomplete`/`failed` event for the Responses API (which sends no
+    `[DONE]`). A caller who stops reading there and closes the response has not abandoned the call.
+    """
+
+    def __init__(self, record: CallRecord, capture: _content.CaptureSetting, responses_api: bool) -> None:
+        self.record = record
+        self.capture = capture
+        self.responses_api = responses_api
+        self.output: list[str] | None = [] if capture else None
+        self._now = 0
+        self._parser = _sse.SSEObserver(self._on_event)
+
+    def _on_event(self, event: str | None, data: str) -> None:
+        info = _openai_wire.classify(event, data)
+        if info is None:
+            return
+        if info.done or (self.responses_api and info.finish_reasons):
+            self.complete = True
+            self.record.ended_well = True
+        record = self.record
+        if info.content:
+            tokens = 1
+            if info.output_tokens is not None:  # cumulative usage on every chunk: exact tokens per chunk
+                tokens = max(1, info.output_tokens - (record.output_tokens or 0))
+            record.content_chunk(self._now, tokens)
+            if self.output is not None and info.content_text:
+                self.output.append(info.content_text)
+        if record.response_id is None:
+            record.set_response(info.response_id, info.model)
+            if info.attributes:  # a stream's tier and fingerprint, said on its first chunk
+                record.set_attributes(info.attributes)
+        for index, reason in zip(info.finish_indexes, info.finish_reasons, strict=True):
+            record.choice_finished(index, reason)
+        if info.input_tokens is not None or info.output_tokens is not None:
+            record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
+            if info.attributes:
+                record.set_attributes(info.attributes)
+
+    def read(self, chunk: bytes, now_ns: int) -> None:
+        self._now = now_ns
+        self._parser.feed(chunk)
+
+    def finish(self, now_ns: int, error: BaseException | None) -> None:
+        if self.output is not None and not self.muted:
+            _content.write_output(self.record, self.capture, "".join(self.output))
+
+
+class JsonObserver(BodyReader):
+    """Keeps a non-streamed JSON body (bounded) to read usage from once it is complete."""
+
+    def __init__(self, record: CallRecord, capture: _content.CaptureSetting) -> None:
+        self.record = record
+        self.capture = capture
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def read(self, chunk: bytes, now_ns: int) -> None:
+        self._size += len(chunk)
+        if self._size <= _MAX_JSON_BODY:
+            self._parts.append(chunk)
+        else:
+            self._parts.clear()
+
+    def finish(self, now_ns: int, error: BaseException | None) -> None:
+        body = b"".join(self._parts)
+        self._parts.clear()
+        info = _openai_wire.classify_json_body(body) if body else None
+        if info is None:
+            return
+        self.record.set_response(info.response_id, info.model, info.finish_reasons)
+        self.record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
+        if info.attributes:
+            self.record.set_attributes(info.attributes)
+        if self.capture:
+            _content.write_output(self.record, self.capture, info.content_text or "")
