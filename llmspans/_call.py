@@ -510,10 +510,9 @@ class CallRecord:
                 attributes[names.ITL_P50] = seconds(gaps.quantile_ns(0.5))
                 attributes[names.ITL_P95] = seconds(gaps.quantile_ns(0.95))
                 attributes[names.ITL_MAX] = seconds(gaps.max_ns)
-            stream_ns = buckets["stream"]
-            if self.output_tokens is not None and self.output_tokens > 1 and stream_ns > 0:
-                # The first token's time is in first_token; the stream bucket holds the rest.
-                attributes[names.OUTPUT_TOKENS_PER_SECOND] = (self.output_tokens - 1) / seconds(stream_ns)
+            speed = self.output_speed(buckets["stream"])
+            if speed is not None:
+                attributes[names.OUTPUT_TOKENS_PER_SECOND] = speed
         if self.response_id:
             attributes[names.GEN_AI_RESPONSE_ID] = self.response_id
         if self.response_model:
@@ -530,6 +529,14 @@ class CallRecord:
             attributes[names.ERROR_TYPE] = self.error_type
             span.set_status(Status(StatusCode.ERROR, self.error_type))
         span.set_attributes(attributes)
+
+    def output_speed(self, stream_ns: int) -> float | None:
+        """Output tokens per second while streaming, where the server said how many: the first token's
+        time is in first_token, so the stream bucket holds the rest of them."""
+        tokens = self.output_tokens
+        if tokens is None or tokens <= 1 or stream_ns <= 0:
+            return None
+        return (tokens - 1) / seconds(stream_ns)
 
     def _record_metrics(self, buckets: Mapping[str, int], duration_ns: int, exceeded: bool) -> None:
         shape = self.shape
@@ -550,6 +557,9 @@ class CallRecord:
             records.append(
                 (metric.TIME_TO_FIRST_CHUNK, seconds(self.first_chunk_ns - self.issued_ns()), common)
             )
+            speed = self.output_speed(buckets["stream"])
+            if speed is not None:
+                records.append((metric.STREAM_OUTPUT_SPEED, speed, common))
         for attempt in self.attempts[:-1]:
             records.append((metric.RETRY_ATTEMPTS, 1, shape.retry_labels(attempt.cause or "unknown")))
         opened = 0

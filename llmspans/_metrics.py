@@ -82,9 +82,15 @@ RETRY_ATTEMPTS = InstrumentSpec(
 CONNECT_NEW = InstrumentSpec(
     8, names.METRIC_CONNECT_NEW, "{connection}", "Connections opened by LLM calls.", COUNTER, integer=True
 )
+STREAM_OUTPUT_SPEED = InstrumentSpec(
+    9, names.METRIC_STREAM_OUTPUT_SPEED, "{token}/s",
+    "Output tokens per second while streaming: the tokens after the first over the stream bucket, one "
+    "measurement per streamed call that reported its output tokens.",
+    HISTOGRAM, names.SPEED_BOUNDARIES,
+)  # fmt: skip
 INSTRUMENTS: tuple[InstrumentSpec, ...] = (
     OPERATION_DURATION, TOKEN_USAGE, TIME_TO_FIRST_CHUNK, TIME_PER_OUTPUT_CHUNK, BUCKET_DURATION,
-    STAGE_DURATION, BUDGET_EXCEEDED, RETRY_ATTEMPTS, CONNECT_NEW,
+    STAGE_DURATION, BUDGET_EXCEEDED, RETRY_ATTEMPTS, CONNECT_NEW, STREAM_OUTPUT_SPEED,
 )  # fmt: skip
 # The per-chunk gaps are counted on these boundaries in nanoseconds while the stream runs.
 CHUNK_BOUNDARIES_NS: tuple[int, ...] = tuple(round(bound * 1e9) for bound in TIME_PER_OUTPUT_CHUNK.boundaries)

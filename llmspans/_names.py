@@ -124,6 +124,7 @@ METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
 METRIC_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
 METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"
 METRIC_BUCKET_DURATION: Final = "llmspans.bucket.duration"
+METRIC_STREAM_OUTPUT_SPEED: Final = "llmspans.stream.output_speed"  # {token}/s, streamed calls only
 METRIC_STAGE_DURATION: Final = "llmspans.stage.duration"
 METRIC_STAGE_BUDGET: Final = "llmspans.stage.budget"
 METRIC_BUDGET_EXCEEDED: Final = "llmspans.budget.exceeded"
@@ -148,6 +149,22 @@ TOKEN_BOUNDARIES: Final = (
     1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
 )  # fmt: skip
 # The conventions' per-output-token boundaries, used for time per output chunk.
+# Output tokens per second of streaming: from a slow CPU model to a fast speculative decoder.
+SPEED_BOUNDARIES: Final = (
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    20.0,
+    50.0,
+    100.0,
+    200.0,
+    500.0,
+    1000.0,
+    2000.0,
+    5000.0,
+    10000.0,
+)
 CHUNK_BOUNDARIES: Final = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
 # --- environment ------------------------------------------------------------------------------

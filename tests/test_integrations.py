@@ -960,3 +960,60 @@ def test_every_dashboard_variable_is_defined_and_used() -> None:
         used = set(re.findall(r"\$\{?([a-zA-Z_][a-zA-Z0-9_]*)", text))
         assert used - builtins <= defined, (path.name, used - builtins - defined)
         assert defined <= used, (path.name, defined - used)
+
+
+# --- a panel's query against a live Prometheus ---------------------------------------------------------
+
+
+def _panel_query(title: str, legend: str) -> str:
+    dashboard = json.loads((INTEGRATIONS / "grafana" / "dashboards" / "llmspans-budgets.json").read_text())
+    (panel,) = [p for p in dashboard["panels"] if p.get("title") == title]
+    (target,) = [t for t in panel["targets"] if t.get("legendFormat") == legend]
+    return str(target["expr"])
+
+
+def test_output_tokens_per_second_counts_only_streamed_calls_on_a_live_prometheus() -> None:
+    """The panel's query as Grafana sends it, on a real Prometheus scraping an app: a model called only
+    without streaming shows no line (it used to be +Inf: tokens over no stream time), and a model called
+    both ways shows the streamed calls' own decode rate (it used to be overstated by the non-streamed
+    calls' tokens)."""
+    import subprocess
+    import sys
+
+    from tests.support.prometheus import prometheus_server
+    from tests.support.realservers import free_ports
+
+    (port,) = free_ports(1)
+    with prometheus_server({"throughput": port}) as prometheus:
+        app = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.throughput_app", str(port)],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert app.stdin is not None
+        assert app.stdout is not None
+        try:
+            assert app.stdout.readline().strip() == "ready"
+            streamed = 'sum(llmspans_stream_output_speed_per_second_count{job="throughput"})'
+            prometheus.wait_for(streamed, 3)
+            app.stdin.write("go\n")
+            app.stdin.flush()
+            done, _, payload = app.stdout.readline().partition(" ")
+            assert done == "done"
+            speeds = json.loads(payload)
+            prometheus.wait_for(streamed, 6)
+            query = _panel_query("Output tokens per second", "{{gen_ai_request_model}} while streaming")
+            window = "1m"  # holds the warm-up's sample and the measured round's: rate() sees the round alone
+            shown = {
+                labels["gen_ai_request_model"]: value
+                for labels, value in prometheus.query(
+                    query.replace("$service", "throughput")
+                    .replace("$model", ".*")
+                    .replace("$__rate_interval", window)
+                )
+            }
+        finally:
+            app.stdin.close()
+            app.wait(timeout=30)
+    assert len(speeds) == 3
+    assert set(shown) == {"both"}
+    assert shown["both"] == pytest.approx(sum(speeds) / len(speeds), rel=1e-6)
