@@ -529,3 +529,68 @@ def test_every_choice_s_finish_reason_is_recorded(
     if stream:
         assert span.attributes[names.STREAM_CHUNKS] == 6
         assert span.attributes[names.STREAM_OUTCOME] == "completed"
+
+
+# --- an unsampled call: no span work, every metric ------------------------------------------------------
+
+
+def _metrics_of_a_workload(server: SimulatedServer, sampler: Any) -> tuple[int, dict[Any, tuple[int, float]]]:
+    """Spans exported and, per metric and attribute set, (count, sum) after the same calls."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from llmspans import _telemetry
+
+    spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider = TracerProvider(sampler=sampler)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    meter_provider = MeterProvider(metric_readers=[reader])
+    server.default = Behavior(chunks=5, usage="finish")
+    with _telemetry.use_providers(tracer_provider, meter_provider):
+        client = sync_client(server)
+        client.chat.completions.create(model="tiny", messages=MESSAGES)
+        for _ in client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True):
+            pass
+        client.responses.create(model="tiny", input="hi")
+        client.embeddings.create(model="emb", input="hi")
+        client.chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES).parse()
+        server.enqueue(Behavior(status=500))
+        with pytest.raises(openai.InternalServerError):
+            client.with_options(max_retries=0).chat.completions.create(model="tiny", messages=MESSAGES)
+    found: dict[Any, tuple[int, float]] = {}
+    data = reader.get_metrics_data()
+    for resource_metrics in data.resource_metrics if data else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                for point in metric.data.data_points:
+                    key = (metric.name, tuple(sorted((point.attributes or {}).items())))
+                    if hasattr(point, "count"):
+                        found[key] = (point.count, round(point.sum, 9))
+                    else:
+                        found[key] = (1, round(point.value, 9))
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+    return len(spans.get_finished_spans()), found
+
+
+def test_an_unsampled_call_is_counted_by_every_metric_as_a_sampled_one_is(server: SimulatedServer) -> None:
+    """With the app's sampler saying no, no span is exported and no span-only fact is read, but the
+    metrics are the same points: names, attributes (response model, error type), counts and token sums."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+
+    sampled_spans, sampled = _metrics_of_a_workload(server, ALWAYS_ON)
+    unsampled_spans, unsampled = _metrics_of_a_workload(server, ALWAYS_OFF)
+    assert sampled_spans >= 6
+    assert unsampled_spans == 0
+    timeless = {names.METRIC_TOKEN_USAGE, names.METRIC_RETRY_ATTEMPTS, names.METRIC_CONNECT_NEW}
+    assert {key: value[0] for key, value in unsampled.items()} == {
+        key: value[0] for key, value in sampled.items()
+    }
+    assert {k: v for k, v in unsampled.items() if k[0] in timeless} == {
+        k: v for k, v in sampled.items() if k[0] in timeless
+    }
+    token_points = [key for key in unsampled if key[0] == names.METRIC_TOKEN_USAGE]
+    assert len(token_points) == 3  # chat input and output (chat completions and responses), embeddings input

@@ -102,17 +102,19 @@ def _apply(record: CallRecord, info: ChunkInfo) -> None:
 
 def _usage(record: CallRecord, usage: Any) -> None:
     record.set_usage(*_openai_wire.read_usage(usage))
-    more = _openai_wire.usage_attributes(usage)
-    if more:
-        record.set_attributes(more)
+    if record.recording:
+        more = _openai_wire.usage_attributes(usage)
+        if more:
+            record.set_attributes(more)
 
 
 def _first_chunk(record: CallRecord, item: Any) -> None:
     """What a stream says once, on its first chunk: the response's id and model, tier, fingerprint."""
     record.set_response(getattr(item, "id", None), getattr(item, "model", None))
-    more = _openai_wire.response_attributes(_openai_wire.fields(item))
-    if more:
-        record.set_attributes(more)
+    if record.recording:
+        more = _openai_wire.response_attributes(_openai_wire.fields(item))
+        if more:
+            record.set_attributes(more)
 
 
 def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
@@ -195,6 +197,15 @@ def _item_reader(operation_path: str) -> Callable[[_Reading, Any, int], bool]:
 
 def _read_result(reading: _Reading, result: Any) -> None:
     """A complete (non-streamed) response: an SDK object, or the decoded body of a raw one."""
+    record = reading.record
+    if not record.recording and reading.output is None:
+        # Unsampled: only what the metrics need, the model that answered and the token counts.
+        top = _openai_wire.fields(result)
+        record.set_response(None, top.get("model"))
+        usage = top.get("usage")
+        if usage is not None:
+            _usage(record, usage)
+        return
     info = _openai_wire.read_payload(result)
     _apply(reading.record, info)
     if reading.output is not None:
