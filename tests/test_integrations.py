@@ -979,8 +979,9 @@ def test_output_tokens_per_second_counts_only_streamed_calls_on_a_live_prometheu
     calls' tokens)."""
     import subprocess
     import sys
+    import time
 
-    from tests.support.prometheus import prometheus_server
+    from tests.support.prometheus import SCRAPE_INTERVAL_S, prometheus_server
     from tests.support.realservers import free_ports
 
     (port,) = free_ports(1)
@@ -995,6 +996,10 @@ def test_output_tokens_per_second_counts_only_streamed_calls_on_a_live_prometheu
             assert app.stdout.readline().strip() == "ready"
             streamed = 'sum(llmspans_stream_output_speed_per_second_count{job="throughput"})'
             prometheus.wait_for(streamed, 3)
+            # The window opens now: its first sample is a later scrape, taken before the measured round,
+            # so rate() sees that round alone (a first scrape taken mid-warm-up would leak into it).
+            opened = time.time()
+            time.sleep(2 * SCRAPE_INTERVAL_S)
             app.stdin.write("go\n")
             app.stdin.flush()
             done, _, payload = app.stdout.readline().partition(" ")
@@ -1002,7 +1007,7 @@ def test_output_tokens_per_second_counts_only_streamed_calls_on_a_live_prometheu
             speeds = json.loads(payload)
             prometheus.wait_for(streamed, 6)
             query = _panel_query("Output tokens per second", "{{gen_ai_request_model}} while streaming")
-            window = "1m"  # holds the warm-up's sample and the measured round's: rate() sees the round alone
+            window = f"{int((time.time() - opened) * 1000)}ms"
             shown = {
                 labels["gen_ai_request_model"]: value
                 for labels, value in prometheus.query(

@@ -41,14 +41,20 @@ CONCURRENCY = 4
 SEED = 11
 
 
-def main() -> int:
-    scenario, port, spans_file = SCENARIOS[sys.argv[1]], int(sys.argv[2]), Path(sys.argv[3])
+def serve_metrics_keep_spans(port: int) -> InMemorySpanExporter:
+    """The app's global providers: metrics served on 127.0.0.1:`port` for Prometheus, spans kept in memory."""
     metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
     spans = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     trace.set_tracer_provider(provider)
     start_http_server(port, addr="127.0.0.1")
+    return spans
+
+
+def main() -> int:
+    scenario, port, spans_file = SCENARIOS[sys.argv[1]], int(sys.argv[2]), Path(sys.argv[3])
+    spans = serve_metrics_keep_spans(port)
     # Both runs' simulated server on one port: each run starts its own, and the port is a metric label.
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -18,17 +18,11 @@ import json
 import sys
 
 import openai
-from opentelemetry import metrics, trace
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import start_http_server
 
 import llmspans
 from llmspans import _names as names
 from llmspans.tools.simulator import Behavior, SimulatedServer
+from tests.support.prometheus_app import serve_metrics_keep_spans
 
 CALLS_PER_ROUND = 3
 MESSAGES = [{"role": "user", "content": "count"}]
@@ -44,13 +38,7 @@ def one_round(client: openai.OpenAI, server: SimulatedServer, chunk_gap: float) 
 
 
 def main() -> int:
-    port = int(sys.argv[1])
-    metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
-    spans = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
-    trace.set_tracer_provider(provider)
-    start_http_server(port, addr="127.0.0.1")
+    spans = serve_metrics_keep_spans(int(sys.argv[1]))
     with SimulatedServer() as server:
         client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0))
         one_round(client, server, chunk_gap=0.004)
