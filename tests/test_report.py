@@ -235,6 +235,7 @@ def test_vllm_server_spans_split_first_token() -> None:
         attempt_id = trace.span("POST", 0, 150 + n, call, kind=3)
         trace.span(names.VLLM_SERVER_SPAN, 1, 149 + n, attempt_id, kind=2, **_keys({
             names.GEN_AI_LATENCY_TIME_IN_QUEUE: 0.06, names.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: 0.03,
+            names.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: 0.095,
         }))  # fmt: skip
         del attempt
         traces.append(trace)
@@ -244,6 +245,11 @@ def test_vllm_server_spans_split_first_token() -> None:
     assert server.server_queue.p95 == pytest.approx(0.06)
     assert server.prefill.p95 == pytest.approx(0.03)
     assert server.network_other.p50 == pytest.approx(0.104 - 0.09)
+    assert server.server_front_end is not None
+    assert server.server_front_end.p50 == pytest.approx(0.095 - 0.09)
+    assert server.network_and_client is not None
+    assert server.network_and_client.p50 == pytest.approx(0.104 - 0.095)
+    assert server.engines == ("newer",)
     assert server.first_token.p95 == pytest.approx(0.109)
 
 
@@ -358,7 +364,7 @@ def test_the_recorded_figures(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert "Dominant at p95: queue (llm bucket)" in out
     assert "queue dominates: backlog or cap too low" in out
-    assert "first_token split by the server's llm_request spans (10 calls)" in out
+    assert "first_token split by the server's llm_request spans (10 calls; vLLM's newer engine)" in out
     assert max(len(line) for line in out.splitlines()) <= 100
 
 
@@ -589,6 +595,7 @@ def test_calls_without_attempt_spans_and_with_phase_spans_are_read_like_any_othe
         phase = trace.span("streaming", 310 + n, 360 + n, call, **{"llmspans__phase": "stream"})
         trace.span(names.VLLM_SERVER_SPAN, 12, 350 + n, call if n % 2 else phase, kind=2, **_keys({
             names.GEN_AI_LATENCY_TIME_IN_QUEUE: 0.1, names.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: 0.15,
+            names.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: 0.26,
         }))  # fmt: skip
         traces.append(trace)
     report = report_of(*traces)

@@ -38,6 +38,7 @@ from llmspans.report._model import (
     WaterfallRow,
     seconds_of,
 )
+from llmspans.report._pressure import PressureCollector
 from llmspans.report._server import ServerSplitter
 from llmspans.report._spans import Span
 from llmspans.report._traces import (
@@ -134,6 +135,7 @@ class Analysis:
         self._error_first: dict[str, Order] = {}
         self._limiters: dict[tuple[str, str], _Limiter] = {}
         self._server = ServerSplitter()
+        self._pressure = PressureCollector()
         self._slowest: list[tuple[int, int, SlowTrace]] = []  # heap of (duration, -index, trace): worst first
 
     def _wanted(self, trace: Trace) -> bool:
@@ -201,6 +203,8 @@ class Analysis:
 
     def _add_call(self, call: Span, where: tuple[int, int]) -> None:
         self._calls += 1
+        if names.VLLM_NUM_REQUESTS_WAITING in call.attributes:  # stamped by a vLLM sampler
+            self._pressure.add(call)
         for values, value in zip(self._bucket_values, call.buckets_ns, strict=True):
             values.append(value)
         failed = _call_failed(call)
@@ -271,6 +275,7 @@ class Analysis:
             ),
             limiters=self._limiter_rows(),
             server=self._server.result(),
+            pressure=self._pressure.result(),
         )
         notes = tuple(
             f"--budgets names stage '{stage}', which no span has"
@@ -295,6 +300,7 @@ class Analysis:
             retries=figures.retries,
             limiters=figures.limiters,
             server=figures.server,
+            server_pressure=figures.pressure,
             slowest=tuple(entry[2] for entry in sorted(self._slowest, reverse=True)),
             notes=notes,
             samples=samples if self.traces else {},

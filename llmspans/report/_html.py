@@ -14,7 +14,17 @@ from html import escape
 
 from llmspans import _names as names
 from llmspans.report._compare import Comparison
-from llmspans.report._model import KIND_BUCKET, KIND_OTHER, Part, Report, SlowTrace, StageRow, part_label
+from llmspans.report._model import (
+    KIND_BUCKET,
+    KIND_OTHER,
+    Distribution,
+    Part,
+    Report,
+    ServerSplit,
+    SlowTrace,
+    StageRow,
+    part_label,
+)
 from llmspans.report._model import format_seconds as seconds
 
 BUCKET_COLOURS = {
@@ -217,6 +227,44 @@ def _comparison(comparison: Comparison) -> str:
     )
 
 
+def _server_split(server: ServerSplit) -> str:
+    """The buckets split by vLLM's own spans: a table per bucket, and what was derived."""
+
+    def table(title: str, rows: Sequence[tuple[str, Distribution | None]]) -> str:
+        cells = "".join(
+            f"<tr><td>{escape(name)}</td><td>{seconds(d.p50)}</td><td>{seconds(d.p95)}</td><td>{seconds(d.p99)}</td></tr>"
+            for name, d in rows
+            if d is not None
+        )
+        return f"<h3>{escape(title)}</h3><table><tr><th>part</th><th>p50</th><th>p95</th><th>p99</th></tr>{cells}</table>"
+
+    engines = f" (vLLM's {' and '.join(server.engines)} engine)" if server.engines else ""
+    out = [f'<section id="server"><h2>The server\'s side, from its llm_request spans{escape(engines)}</h2>']
+    out.append(
+        table(
+            f"first_token, {server.calls} calls",
+            [
+                ("first_token (client)", server.first_token), ("server queue", server.server_queue),
+                ("prefill", server.prefill), ("server front end", server.server_front_end),
+                ("network and client", server.network_and_client),
+            ],
+        )
+    )  # fmt: skip
+    if server.stream is not None:
+        out.append(
+            table(
+                f"stream, {server.streamed_calls} streamed calls",
+                [
+                    ("stream (client)", server.stream), ("server decode", server.server_decode),
+                    ("network and client", server.stream_network_and_client),
+                ],
+            )
+        )  # fmt: skip
+    out.extend(f'<p class="meta">{escape(note)}</p>' for note in server.notes)
+    out.append("</section>")
+    return "".join(out)
+
+
 def render(report: Report, comparison: Comparison | None = None) -> str:
     """The whole page as a string (UTF-8 when written)."""
     title = "llmspans report"
@@ -255,6 +303,8 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
         body.append('<p class="meta">Box: p50 to p95; tick: p99; dot: max; dashed red line: the budget.</p>')
         body.extend(_stage_chart(row) for row in report.stages)
         body.append("</section>")
+    if report.server is not None:
+        body.append(_server_split(report.server))
     if report.slowest:
         body.append('<section id="slowest"><h2>The slowest traces</h2>')
         for slow in report.slowest:

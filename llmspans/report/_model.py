@@ -179,13 +179,42 @@ class LimiterRow:
 
 @dataclass(frozen=True)
 class ServerSplit:
-    """vLLM's view of the calls whose traces hold its `llm_request` span (see `_server.py`)."""
+    """vLLM's view of the calls whose traces hold its `llm_request` span (see `_server.py`).
+
+    `first_token` splits into `server_queue`, `prefill`, `server_front_end` and `network_and_client`
+    (`network_other` is the last two together); a streamed call's `stream` into `server_decode` and
+    `stream_network_and_client`. `engines` says which of vLLM's engines made the spans (`newer`: 0.11 and
+    later; `older`: 0.8.5 to 0.10.x with tracing) and `notes` what was derived rather than read.
+    """
 
     calls: int
     first_token: Distribution
     server_queue: Distribution
     prefill: Distribution
     network_other: Distribution
+    server_front_end: Distribution | None = None
+    network_and_client: Distribution | None = None
+    streamed_calls: int = 0
+    stream: Distribution | None = None
+    server_decode: Distribution | None = None
+    stream_network_and_client: Distribution | None = None
+    engines: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerPressure:
+    """vLLM's pressure signals as stamped on the call spans (see `_pressure.py`): the KV cache's peak, and
+    the earlier and later half's mean of the preemption rate, waiting requests and prefix-cache hits."""
+
+    calls: int
+    kv_cache_usage_max: float | None
+    preemption_rate_before: float | None
+    preemption_rate_after: float | None
+    waiting_before: float | None
+    waiting_after: float | None
+    prefix_cache_hit_ratio_before: float | None
+    prefix_cache_hit_ratio_after: float | None
 
 
 @dataclass(frozen=True)
@@ -255,6 +284,7 @@ class Report:
     # The Prometheus source only: vLLM gauges and exemplar traces (the span source leaves them empty).
     server_gauges: tuple[ServerGauges, ...] = ()
     exemplars: tuple[Exemplar, ...] = ()
+    server_pressure: ServerPressure | None = None
     # The sorted samples behind each stage, bucket and part (seconds), for comparisons; not in the JSON.
     samples: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 

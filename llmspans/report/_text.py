@@ -171,16 +171,38 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
     server = report.server
     if server is not None:
         out.append("")
-        out.append(f"first_token split by the server's llm_request spans ({server.calls} calls)")
-        out += _table(
-            ["part", *_QUANTILE_HEADERS],
-            (
-                ["first_token (client)", *_quantiles(server.first_token)],
-                ["server queue", *_quantiles(server.server_queue)],
-                ["prefill", *_quantiles(server.prefill)],
-                ["network/other", *_quantiles(server.network_other)],
-            ),
-        )
+        engines = f"; vLLM's {' and '.join(server.engines)} engine" if server.engines else ""
+        out.append(f"first_token split by the server's llm_request spans ({server.calls} calls{engines})")
+        rows = [
+            ["first_token (client)", *_quantiles(server.first_token)],
+            ["server queue", *_quantiles(server.server_queue)],
+            ["prefill", *_quantiles(server.prefill)],
+        ]
+        if server.server_front_end is not None and server.network_and_client is not None:
+            rows += [
+                ["server front end", *_quantiles(server.server_front_end)],
+                ["network and client", *_quantiles(server.network_and_client)],
+            ]
+        else:
+            rows.append(["network/other", *_quantiles(server.network_other)])
+        out += _table(["part", *_QUANTILE_HEADERS], rows)
+        if (
+            server.stream is not None
+            and server.server_decode is not None
+            and server.stream_network_and_client
+        ):
+            out.append("")
+            out.append(f"stream split by the same spans ({server.streamed_calls} streamed calls)")
+            out += _table(
+                ["part", *_QUANTILE_HEADERS],
+                (
+                    ["stream (client)", *_quantiles(server.stream)],
+                    ["server decode", *_quantiles(server.server_decode)],
+                    ["network and client", *_quantiles(server.stream_network_and_client)],
+                ),
+            )
+        for note in server.notes:
+            out += _wrap(f"note: {note}", "")
 
     for gauges in report.server_gauges:
         out += _wrap(

@@ -21,6 +21,7 @@ from llmspans.report._model import (
     LimiterRow,
     Part,
     Retries,
+    ServerPressure,
     ServerSplit,
     StageRow,
     Triage,
@@ -36,6 +37,12 @@ MATERIAL_BACKLOG_SHARE = 0.05
 VARIES_MORE = 2.0
 # A stage is within budget when at most this share of its spans exceeded it (p95 within budget).
 WITHIN_BUDGET_SHARE = 0.05
+# vLLM's KV cache at this share or more reads as full (it preempts or stops admitting).
+KV_CACHE_NEAR_FULL = 0.9
+# Waiting requests "rise" by at least this many (later half's mean over the earlier's).
+WAITING_RISE = 1.0
+# Prefix-cache hits "fall" by at least this share.
+PREFIX_HITS_FALL = 0.2
 
 
 def variability_of(buckets: Sequence[BucketRow]) -> Variability:
@@ -147,6 +154,16 @@ def _rule(part: Part, figures: Figures) -> tuple[str, str, str]:
             if server is not None
             else ""
         )
+        bound = memory_bound(figures.pressure)
+        if bound is not None:
+            return (
+                name,
+                f"first_token dominates and the server is memory-bound ({bound})",
+                (
+                    "the server is out of KV cache, not slow at prefill: more replicas, shorter contexts or a "
+                    f"larger KV cache{split}"
+                ),
+            )
         return (
             name,
             f"first_token dominates{varies}",
@@ -168,6 +185,37 @@ class Figures:
     connections: Connections
     limiters: tuple[LimiterRow, ...]
     server: ServerSplit | None
+    pressure: ServerPressure | None = None
+
+
+def memory_bound(pressure: ServerPressure | None) -> str | None:
+    """What says vLLM ran out of KV cache: usage near full and preemptions rising (or going on)."""
+    if pressure is None or pressure.kv_cache_usage_max is None:
+        return None
+    after = pressure.preemption_rate_after or 0.0
+    before = pressure.preemption_rate_before or 0.0
+    if pressure.kv_cache_usage_max < KV_CACHE_NEAR_FULL or after <= 0 or after < before:
+        return None
+    return f"KV-cache usage reached {pressure.kv_cache_usage_max:.0%} and preemptions rose to {after:.2f}/s"
+
+
+def _pressure_notes(pressure: ServerPressure | None, queue_small: bool) -> list[str]:
+    notes: list[str] = []
+    if pressure is None:
+        return notes
+    before, after = pressure.waiting_before, pressure.waiting_after
+    if queue_small and before is not None and after is not None and after >= before + WAITING_RISE:
+        notes.append(
+            f"vLLM's waiting requests rose from {before:.1f} to {after:.1f} while the client's queue bucket "
+            "stayed small: the queue is on the server (more replicas or a smaller batch, not a larger client cap)"
+        )
+    hits_before, hits_after = pressure.prefix_cache_hit_ratio_before, pressure.prefix_cache_hit_ratio_after
+    if hits_before is not None and hits_after is not None and hits_before - hits_after >= PREFIX_HITS_FALL:
+        notes.append(
+            f"vLLM's prefix-cache hits fell from {hits_before:.0%} to {hits_after:.0%}: prompts stopped sharing "
+            "a prefix (a changed system prompt or template, or per-user text moved to the front)"
+        )
+    return notes
 
 
 def _notes(dominant: Part, parts: Sequence[Part], figures: Figures) -> list[str]:
@@ -187,6 +235,11 @@ def _notes(dominant: Part, parts: Sequence[Part], figures: Figures) -> list[str]
             f"first_token varies {ratio:.1f}x more than stream: look at server queueing, connection reuse "
             "and prompt length"
         )
+    queue = by_key.get((KIND_BUCKET, "queue"))
+    queue_small = (
+        queue is None or first_token is None or queue.per_trace.p95 <= 0.1 * first_token.per_trace.p95
+    )
+    notes += _pressure_notes(figures.pressure, queue_small)
     churn = figures.connections.per_success
     if dominant.name != "connect" and churn is not None and churn > 0.5:
         notes.append(f"connection churn: {churn:.2f} new connections per successful call; reuse connections")

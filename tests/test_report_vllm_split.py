@@ -1,4 +1,4 @@
-"""The server split of first_token and stream (llmspans/_vllm_split.py), by arithmetic and on every
+"""The server split of first_token and stream (llmspans/report/_vllm_split.py), by arithmetic and on every
 vLLM family: real calls through the instrumented openai client against the simulator, whose server
 spans come back over OTLP/HTTP; each part is compared with what the simulator was told to do."""
 
@@ -12,7 +12,7 @@ import pytest
 
 import llmspans
 from llmspans import _names as names
-from llmspans._vllm_split import (
+from llmspans.report._vllm_split import (
     ENGINE_NEWER,
     ENGINE_OLDER,
     NETWORK_AND_CLIENT,
@@ -177,3 +177,84 @@ def test_the_split_is_right_on_every_family(family: str, receiver: OTLPReceiver,
             assert -0.001 <= network <= TOLERANCE, (bucket, network)
     queues = sorted(s.attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] for s in spans)
     assert queues[1] > 0.01  # the second call waited while the first was served
+
+
+# --- the report uses the split, on every family -----------------------------------------------------
+
+
+def _otlp_server_span(span: Any) -> dict[str, Any]:
+    """A received `llm_request` span back in the OTLP JSON encoding the report reads."""
+
+    def value(raw: Any) -> dict[str, Any]:
+        if isinstance(raw, bool):
+            return {"boolValue": raw}
+        if isinstance(raw, int):
+            return {"intValue": str(raw)}
+        if isinstance(raw, float):
+            return {"doubleValue": raw}
+        return {"stringValue": str(raw)}
+
+    return {
+        "traceId": span.trace_id, "spanId": span.span_id, "parentSpanId": span.parent_span_id or "",
+        "name": span.name, "kind": span.kind, "startTimeUnixNano": str(span.start_ns),
+        "endTimeUnixNano": str(span.end_ns),
+        "attributes": [{"key": key, "value": value(raw)} for key, raw in span.attributes.items()],
+    }  # fmt: skip
+
+
+@retry_timing
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_report_splits_first_token_and_stream_on_every_family(
+    family: str, receiver: OTLPReceiver, captured: Captured, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The client's spans and vLLM's in one file, as a collector would write them: `llmspans report` splits
+    first_token into server queue, prefill, front end and network, and stream into decode and network, on
+    every release; where the older engine lacks prefill and decode it derives them and says so."""
+    import json
+
+    from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
+
+    from llmspans.__main__ import main
+
+    config = EngineConfig(
+        version=FAMILIES[family], frontend_delay=0.015, prefill_per_token=0.005, decode_per_token=0.01,
+        enable_prefix_caching=False,
+    )  # fmt: skip
+    with VLLMSimulator(config, otlp_traces_endpoint=receiver.traces_url) as sim:
+        client = llmspans.instrument(
+            openai.OpenAI(base_url=sim.base_url, api_key="x", max_retries=0), provider="vllm"
+        )
+        for _ in range(3):
+            for _ in client.chat.completions.create(model=MODEL, messages=ask(), stream=True, max_tokens=5):
+                pass
+        server = server_spans(sim, receiver, 3)
+    document = encode_spans(captured.spans).to_dict()
+    document["resourceSpans"].append(
+        {"scopeSpans": [{"spans": [_otlp_server_span(span) for span in server]}]}
+    )
+    spans_file = tmp_path / "spans.jsonl"
+    spans_file.write_text(json.dumps(document) + "\n")
+    assert main(["report", str(spans_file), "--json"]) == 0
+    split_report = json.loads(capsys.readouterr().out)["server"]
+    older = family in ("0.8/0.9", "0.10")
+    assert split_report["calls"] == split_report["streamed_calls"] == 3
+    assert split_report["engines"] == ["older" if older else "newer"]
+    assert 4 * 0.005 - 0.001 <= split_report["prefill"]["p50"] <= 4 * 0.005 + TOLERANCE
+    assert 4 * 0.01 - 0.001 <= split_report["server_decode"]["p50"] <= 4 * 0.01 + TOLERANCE
+    assert -0.001 <= split_report["network_and_client"]["p50"] <= TOLERANCE
+    if older:  # the front end is inside the older engine's queue time, and prefill and decode are derived
+        assert split_report["server_front_end"]["p50"] == 0
+        assert any("prefill derived" in note for note in split_report["notes"])
+        assert any("decode derived" in note for note in split_report["notes"])
+    else:
+        assert 0.015 - 0.001 <= split_report["server_front_end"]["p50"] <= 0.015 + TOLERANCE
+        assert split_report["notes"] == []
+    page = tmp_path / "report.html"
+    assert main(["report", str(spans_file), "--html", str(page)]) == 0
+    text = capsys.readouterr().out
+    assert "stream split by the same spans (3 streamed calls)" in text
+    assert ("note: prefill derived" in text) is older
+    html = page.read_text()
+    assert '<section id="server">' in html
+    assert "server decode" in html
+    assert ("prefill derived" in html) is older
