@@ -142,7 +142,8 @@ def seconds(ns: int) -> float:
 
 
 def record_on_span(span: Span, budget: float | None, elapsed_ns: int) -> bool:
-    """Write the budget attributes on `span` (when it records); True when the budget was exceeded."""
+    """Write the budget attributes on `span` (when it records), and an event at the instant an exceeded
+    budget ran out (a mark on the bar); True when the budget was exceeded."""
     if budget is None:
         return False
     budget_ns = round(budget * 1e9)
@@ -155,4 +156,7 @@ def record_on_span(span: Span, budget: float | None, elapsed_ns: int) -> bool:
                 names.BUDGET_OVERRUN: seconds(elapsed_ns - budget_ns) if exceeded else 0.0,
             }
         )
+        started = getattr(span, "start_time", None)  # an SDK span's start, on the epoch clock
+        if exceeded and isinstance(started, int):
+            span.add_event(names.EVENT_BUDGET_EXCEEDED, {names.BUDGET: budget}, started + budget_ns)
     return exceeded

@@ -14,6 +14,7 @@ chunks are counted on the conventions' boundaries as they come, in constant memo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 import weakref
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _deferred, _suppress, _telemetry
+from llmspans import _budget, _deferred, _phases, _suppress, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans import _sites as sites
@@ -121,6 +122,8 @@ class CallRecord:
     # The SDK's own time building the request, from the app's call to the request (see
     # `_adapters/openai_entry`): before any limiter's wait, so it is `first_token`, never `queue`.
     build_ns = 0
+    # The client's phase_spans setting; None: configure()'s (see `_phases`).
+    phase_spans: str | None = None
     # Set when nothing but the close of the response body will tell that the call is over (a raw
     # streaming response the caller reads by hand).
     finish_on_close = False
@@ -367,6 +370,23 @@ class CallRecord:
         in `first_token` before any chunk came; a non-streamed body not read to its end counts
         in `first_token` up to the failure.
         """
+        queued, built, a, b, c, d, e, f, released = self.instants_ns(released_ns, outcome)
+        return {
+            "queue": a - built,
+            "retry": c - b,
+            "connect": d - c,
+            "first_token": e - d + (b - a) + (built - queued),
+            "stream": f - e,
+            "post": released - f,
+        }
+
+    def instants_ns(self, released_ns: int, outcome: str = names.OUTCOME_COMPLETED) -> tuple[int, ...]:
+        """The instants that bound the buckets, in order: called, the request built (it reached the
+        client), admitted, the first attempt's start, the final attempt's start, connected, the first
+        content chunk, the server's last byte, released.
+
+        Each is clamped between the one before it and the release, so no bucket is ever negative.
+        """
         queued = self.queued_ns
         built = queued + self.build_ns  # the request reached the client; a limiter's wait starts here
         admitted = self.admitted_ns if self.admitted_ns is not None else built
@@ -382,7 +402,6 @@ class CallRecord:
             last = released_ns if outcome in _SERVER_ENDED else (self.last_chunk_ns or first)
         else:  # the body read to its end is the server's last byte; until then the client waited on it
             first = last = body_done if body_done is not None else released_ns
-        # Each instant clamped between the one before it and the release: the buckets never go negative.
         released = released_ns
         built = released if built > released else built
         a = admitted if admitted > built else built
@@ -397,14 +416,7 @@ class CallRecord:
         e = released if e > released else e
         f = last if last > e else e
         f = released if f > released else f
-        return {
-            "queue": a - built,
-            "retry": c - b,
-            "connect": d - c,
-            "first_token": e - d + (b - a) + (built - queued),
-            "stream": f - e,
-            "post": released - f,
-        }
+        return queued, built, a, b, c, d, e, f, released
 
     def finish(self, outcome: str, error: BaseException | None = None, now_ns: int | None = None) -> None:
         """End the call exactly once, on whichever path gets here first.
@@ -467,6 +479,12 @@ class CallRecord:
         exceeded = _budget.record_on_span(self.span, self.budget, duration_ns)
         if self.recording:
             self._write_span(outcome, buckets, final_status)
+            # Phase spans only where someone will look (a slow call): a fast call pays this comparison.
+            mode = self.phase_spans or _phases.mode
+            if mode != names.PHASE_SPANS_NEVER and (
+                exceeded or duration_ns >= _phases.slow_after_ns or mode == names.PHASE_SPANS_ALWAYS
+            ):
+                _phases.write(self, outcome, released)
         self._record_metrics(buckets, duration_ns, exceeded)
         if self.turn is not None:
             self.turn.add(names.STAGE_LLM, duration_ns)
@@ -479,6 +497,7 @@ class CallRecord:
             attribute: buckets[bucket] / 1e9  # `seconds`, inlined
             for attribute, bucket in zip(names.BUCKET_ATTRIBUTES, names.BUCKETS, strict=True)
         }
+        attributes[names.BUCKET_DOMINANT] = max(names.BUCKETS, key=buckets.__getitem__)  # ties: the earlier
         attempts = self.attempts
         if len(attempts) > 1:
             failed = attempts[:-1]
@@ -486,6 +505,8 @@ class CallRecord:
             attributes[names.RETRY_CAUSES] = [attempt.cause or "unknown" for attempt in failed]
             if self.wasted_output_tokens:
                 attributes[names.RETRY_WASTED_OUTPUT_TOKENS] = self.wasted_output_tokens
+            for attempt, following in itertools.pairwise(attempts):
+                span.add_event(names.EVENT_RETRY, *self._retry_event(attempt, following))
         if attempts:
             opened = 0
             for attempt in attempts:
@@ -503,8 +524,11 @@ class CallRecord:
                 attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = seconds(
                     self.first_chunk_ns - self.issued_ns()
                 )
-                span.add_event(names.EVENT_FIRST_TOKEN, timestamp=self.wall_ns(self.first_chunk_ns))
-                span.add_event(names.EVENT_LAST_TOKEN, timestamp=self.wall_ns(self.last_chunk_ns))
+                for event, at in (
+                    (names.EVENT_FIRST_TOKEN, self.first_chunk_ns),
+                    (names.EVENT_LAST_TOKEN, self.last_chunk_ns),
+                ):
+                    span.add_event(event, {names.ELAPSED: seconds(at - self.queued_ns)}, self.wall_ns(at))
             gaps = self.gaps
             if gaps is not None and gaps.count:
                 attributes[names.ITL_P50] = seconds(gaps.quantile_ns(0.5))
@@ -529,6 +553,17 @@ class CallRecord:
             attributes[names.ERROR_TYPE] = self.error_type
             span.set_status(Status(StatusCode.ERROR, self.error_type))
         span.set_attributes(attributes)
+
+    def _retry_event(self, attempt: Attempt, following: Attempt) -> tuple[dict[str, AttributeValue], int]:
+        """A failed attempt's `llmspans.retry` event: its cause, its status, the back-off that followed it;
+        at the moment it ended (when the client knew it had failed)."""
+        attributes: dict[str, AttributeValue] = {names.RETRY_CAUSE: attempt.cause or "unknown"}
+        if attempt.status is not None:
+            attributes[names.HTTP_RESPONSE_STATUS_CODE] = attempt.status
+        ended = attempt.ended_ns
+        if ended is not None:
+            attributes[names.RETRY_BACKOFF] = seconds(max(0, following.started_ns - ended))
+        return attributes, self.wall_ns(ended if ended is not None else following.started_ns)
 
     def output_speed(self, stream_ns: int) -> float | None:
         """Output tokens per second while streaming, where the server said how many: the first token's

@@ -84,9 +84,17 @@ def write_input(record: CallRecord, setting: CaptureSetting, body: Any) -> None:
     write(record, setting, names.GEN_AI_SYSTEM_INSTRUCTIONS, _openai_wire.system_instructions(body))
 
 
+# The GenAI message schema's finish reasons, from the OpenAI names where they differ.
+_FINISH_REASONS = {"tool_calls": "tool_call", "function_call": "tool_call"}
+
+
 def write_output(record: CallRecord, setting: CaptureSetting, text: str) -> None:
-    """The answer as the GenAI output messages: one assistant message with one text part."""
+    """The answer as the GenAI output messages: one assistant message with one text part and the
+    `finish_reason` the schema requires (the first choice's; `error` when the answer never said it
+    was over, as a stream cut short)."""
+    reasons = record.finish_reasons
+    reason = _FINISH_REASONS.get(reasons[0], reasons[0]) if reasons else "error"
     write(
         record, setting, names.GEN_AI_OUTPUT_MESSAGES,
-        [{"role": "assistant", "parts": [{"type": "text", "content": text}]}],
+        [{"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": reason}],
     )  # fmt: skip

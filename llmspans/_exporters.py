@@ -472,63 +472,78 @@ def _signal_url(endpoint: str, signal: str) -> str:
     return f"{url}{question}{query}"
 
 
-def otlp_exporters(
+def otlp_span_exporter(
     endpoint: str | None,
     protocol: Protocol,
     headers: Mapping[str, str] | None,
     compression: Compression | None,
-) -> tuple[SpanExporter, MetricExporter, tuple[ExportHealth, ExportHealth]]:
-    """Guarded OTLP exporters; with no explicit endpoint they read every standard variable themselves."""
-    span_args: dict[str, Any] = {}
-    metric_args: dict[str, Any] = {}
-    for args, signal in ((span_args, "TRACES"), (metric_args, "METRICS")):
-        merged = _merged_headers(headers, signal)
-        if merged is not None:
-            args["headers"] = merged
-        timeout = _export_timeout(signal)
-        if timeout is not None:
-            args["timeout"] = timeout
-    span_exporter: SpanExporter
-    metric_exporter: MetricExporter
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
+) -> tuple[_GuardedSpanExporter, ExportHealth]:
+    """A guarded OTLP span exporter; with no explicit endpoint it reads the standard variables itself."""
+    exporter, target = _otlp_exporter("traces", endpoint, protocol, headers, compression)
+    health = ExportHealth("spans", target, warn=True)
+    return _GuardedSpanExporter(exporter, health), health
 
+
+def otlp_metric_exporter(
+    endpoint: str | None, protocol: Protocol, headers: Mapping[str, str] | None, compression: Compression | None,
+    spans: ExportHealth | None,
+) -> tuple[_GuardedMetricExporter, ExportHealth]:  # fmt: skip
+    """A guarded OTLP metric exporter; `spans` is the span export's health, when spans go over OTLP too
+    (a dead span endpoint at exit stops the metric export as well)."""
+    exporter, target = _otlp_exporter("metrics", endpoint, protocol, headers, compression)
+    health = ExportHealth("metrics", target, warn=False)
+    return _GuardedMetricExporter(exporter, health, spans), health
+
+
+def _otlp_exporter(
+    signal: Literal["traces", "metrics"], endpoint: str | None, protocol: Protocol,
+    headers: Mapping[str, str] | None, compression: Compression | None,
+) -> tuple[Any, str]:  # fmt: skip
+    """The OpenTelemetry OTLP exporter of one signal, and where it sends (for messages)."""
+    variable = signal.upper()
+    args: dict[str, Any] = {}
+    merged = _merged_headers(headers, variable)
+    if merged is not None:
+        args["headers"] = merged
+    timeout = _export_timeout(variable)
+    if timeout is not None:
+        args["timeout"] = timeout
+    if protocol == "grpc":
         if compression is not None:
             grpc_compression = importlib.import_module("grpc").Compression  # grpcio ships no type stubs
-            chosen = grpc_compression.Gzip if compression == "gzip" else grpc_compression.NoCompression
-            span_args["compression"] = metric_args["compression"] = chosen
+            args["compression"] = (
+                grpc_compression.Gzip if compression == "gzip" else grpc_compression.NoCompression
+            )
         if endpoint:
-            span_args["endpoint"] = metric_args["endpoint"] = endpoint
-        span_exporter, metric_exporter = GrpcSpans(**span_args), GrpcMetrics(**metric_args)
-        span_target = endpoint or _env_target("TRACES", None) or "localhost:4317"
-        metric_target = endpoint or _env_target("METRICS", None) or "localhost:4317"
-    else:
-        from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+            args["endpoint"] = endpoint
+        if signal == "traces":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
+
+            exporter: Any = GrpcSpans(**args)
+        else:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter as GrpcMetrics,
+            )
+
+            exporter = GrpcMetrics(**args)
+        return exporter, endpoint or _env_target(variable, None) or "localhost:4317"
+    from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
+
+    if compression is not None:
+        args["compression"] = HttpCompression(compression)
+    if endpoint:
+        args["endpoint"] = _signal_url(endpoint, signal)
+    if signal == "traces":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpans
 
-        if compression is not None:
-            span_args["compression"] = metric_args["compression"] = HttpCompression(compression)
-        if endpoint:
-            span_args["endpoint"] = _signal_url(endpoint, "traces")
-            metric_args["endpoint"] = _signal_url(endpoint, "metrics")
-        span_exporter, metric_exporter = HttpSpans(**span_args), HttpMetrics(**metric_args)
-        span_target = (
-            span_args.get("endpoint") or _env_target("TRACES", "traces") or "http://localhost:4318/v1/traces"
-        )
-        metric_target = (
-            metric_args.get("endpoint")
-            or _env_target("METRICS", "metrics")
-            or "http://localhost:4318/v1/metrics"
-        )
-    spans = ExportHealth("spans", span_target, warn=True)
-    metric_points = ExportHealth("metrics", metric_target, warn=False)
-    return (
-        _GuardedSpanExporter(span_exporter, spans),
-        _GuardedMetricExporter(metric_exporter, metric_points, spans),
-        (spans, metric_points),
-    )
+        exporter = HttpSpans(**args)
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+
+        exporter = HttpMetrics(**args)
+    return exporter, args.get("endpoint") or _env_target(
+        variable, signal
+    ) or f"http://localhost:4318/v1/{signal}"
 
 
 def _env_target(signal: str, path: str | None) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from llmspans import _budget, _content
+from llmspans import _budget, _content, _phases
 from llmspans._adapters import Adapter, openai_sdk, plain_http
 from llmspans._limiter import Limiter
 from llmspans._settings import Settings, check_attempt_spans
@@ -33,6 +33,7 @@ def instrument(
     request_usage: bool = False,
     server_metrics: bool | ServerMetrics = False,
     attempt_spans: str | None = None,
+    phase_spans: str | None = None,
 ) -> C:
     """Instrument an LLM client in place and return it: `client = llmspans.instrument(OpenAI())`.
 
@@ -41,6 +42,8 @@ def instrument(
     pass an `llmspans.vllm.ServerMetrics` to share one sampler between clients.
     `attempt_spans="always"` gives every HTTP attempt a span; by default ("retries", or what
     `configure(attempt_spans=...)` chose) only the attempts of a call that retried get one.
+    `phase_spans` ("slow", "always" or "never"; by default what `configure()` chose, else "slow") says
+    which calls get a child span per phase (queue wait, back-off, connect, first token, stream, post).
     """
     adapter = adapter_for(client)
     if adapter is None:
@@ -58,6 +61,7 @@ def instrument(
             f"server_metrics must be True, False or an llmspans.vllm.ServerMetrics, got {server_metrics!r}"
         )
     attempt_spans = check_attempt_spans(attempt_spans)
+    phase_spans = _phases.check(phase_spans)
     budget_seconds = None if budget is None else _budget.parse_seconds(budget, what="budget for the LLM call")
     capture = _content.check(capture_content)
     if adapter.installed(client) is not None:
@@ -78,6 +82,7 @@ def instrument(
         server_metrics=sampler,
         owns_server_metrics=server_metrics is True,
         attempt_spans=attempt_spans,
+        phase_spans=phase_spans,
     )
     adapter.install(client, settings)
     return client

@@ -72,6 +72,24 @@ STAGE_RETRIEVAL: Final = "retrieval"
 BUCKETS: Final = ("queue", "retry", "connect", "first_token", "stream", "post")
 BUCKET_PREFIX: Final = "llmspans.bucket."
 BUCKET_ATTRIBUTES: Final = tuple(BUCKET_PREFIX + bucket for bucket in BUCKETS)
+# The largest bucket of the call (ties go to the earlier one), so a tag search finds calls by cause.
+BUCKET_DOMINANT: Final = "llmspans.bucket.dominant"
+
+# Phase spans: children of a slow call's span, one per bucket that took time, made at its end.
+# `llmspans.phase` names the bucket; the span names read as a sentence down a waterfall.
+PHASE: Final = "llmspans.phase"
+PHASE_SPAN_PREPARE: Final = "preparing the request"  # the client's own time before sending
+PHASE_SPAN_QUEUE: Final = "waiting for a slot"
+PHASE_SPAN_BACKOFF: Final = "backing off after {cause}"
+PHASE_SPAN_CONNECT: Final = "connecting"
+PHASE_SPAN_FIRST_TOKEN: Final = "waiting for the first token"
+PHASE_SPAN_RESPONSE: Final = "waiting for the response"  # first_token of a call that does not stream
+PHASE_SPAN_STREAM: Final = "streaming"
+PHASE_SPAN_POST: Final = "after the last token"
+PHASE_SPAN_POST_RESPONSE: Final = "after the response"  # post of a call that does not stream
+PHASE_SPANS_SLOW: Final = "slow"
+PHASE_SPANS_ALWAYS: Final = "always"
+PHASE_SPANS_NEVER: Final = "never"
 
 STREAM_CHUNKS: Final = "llmspans.stream.chunks"
 STREAM_OUTCOME: Final = "llmspans.stream.outcome"
@@ -90,6 +108,10 @@ ERROR_INCOMPLETE_STREAM: Final = "incomplete_stream"
 RETRY_COUNT: Final = "llmspans.retry.count"
 RETRY_CAUSES: Final = "llmspans.retry.causes"
 RETRY_WASTED_OUTPUT_TOKENS: Final = "llmspans.retry.wasted_output_tokens"
+RETRY_CAUSE: Final = (
+    "llmspans.retry.cause"  # one failed attempt's cause (retry events, back-off spans, metrics)
+)
+RETRY_BACKOFF: Final = "llmspans.retry.backoff"  # seconds from a failed attempt's end to the next one's start
 
 CONNECT_NEW: Final = "llmspans.connect.new"
 CONNECT_REUSED: Final = "llmspans.connect.reused"
@@ -114,6 +136,10 @@ CODE_FUNCTION: Final = "code.function.name"
 EVENT_ADMITTED: Final = "llmspans.admitted"
 EVENT_FIRST_TOKEN: Final = "llmspans.first_token"
 EVENT_LAST_TOKEN: Final = "llmspans.last_token"
+EVENT_RETRY: Final = "llmspans.retry"
+EVENT_BUDGET_EXCEEDED: Final = "llmspans.budget.exceeded"
+# Seconds from the call's start to an event's instant (some UIs show event times coarsely).
+ELAPSED: Final = "llmspans.elapsed"
 # The semantic conventions' exception event; llmspans writes its type, never its message.
 EVENT_EXCEPTION: Final = "exception"
 EXCEPTION_TYPE: Final = "exception.type"
@@ -137,7 +163,7 @@ METRIC_LIMITER_CAP: Final = "llmspans.limiter.cap"
 # The SDK's attribute set for points beyond an instrument's cardinality limit (llmspans' own aggregation too).
 METRIC_OVERFLOW: Final = "otel.metric.overflow"
 METRIC_ATTR_BUCKET: Final = "llmspans.bucket"
-METRIC_ATTR_RETRY_CAUSE: Final = "llmspans.retry.cause"
+METRIC_ATTR_RETRY_CAUSE: Final = RETRY_CAUSE
 TOKEN_TYPE_INPUT: Final = "input"
 TOKEN_TYPE_OUTPUT: Final = "output"
 
@@ -167,11 +193,21 @@ SPEED_BOUNDARIES: Final = (
 )
 CHUNK_BOUNDARIES: Final = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
+# --- OpenInference (Arize Phoenix), opt-in: configure(openinference=True) or LLMSPANS_OPENINFERENCE ------
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+OPENINFERENCE_PROJECT_NAME: Final = "openinference.project.name"  # a resource attribute
+OPENINFERENCE_KIND_CHAIN: Final = "CHAIN"
+OPENINFERENCE_KIND_GUARDRAIL: Final = "GUARDRAIL"
+STAGE_GUARDRAIL: Final = "guardrail"
+
 # --- environment ------------------------------------------------------------------------------
 ENV_TRACES_FILE: Final = "LLMSPANS_TRACES_FILE"
 ENV_BUDGETS: Final = "LLMSPANS_BUDGETS"
 ENV_CAPTURE_CONTENT: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 DEFAULT_TRACES_FILE: Final = "llmspans-traces.jsonl"
+ENV_PHASE_SPANS: Final = "LLMSPANS_PHASE_SPANS"
+ENV_SLOW_AFTER: Final = "LLMSPANS_SLOW_AFTER"
+ENV_OPENINFERENCE: Final = "LLMSPANS_OPENINFERENCE"
 
 # --- providers (`gen_ai.provider.name`) ---------------------------------------------------------
 PROVIDER_OPENAI: Final = "openai"

@@ -52,6 +52,7 @@ class Settings:
     server_metrics: ServerMetrics | None = None
     owns_server_metrics: bool = False
     attempt_spans: str | None = None  # None: configure()'s, else "retries"
+    phase_spans: str | None = None  # None: configure()'s (`_phases`)
 
     def close(self) -> None:
         """Stop what instrument() started for this client (a sampler it made)."""
@@ -76,6 +77,8 @@ class Settings:
             attempt_spans_always=(self.attempt_spans or _configured_attempt_spans) == "always",
             called_ns=called_ns,
         )
+        if self.phase_spans is not None:
+            record.phase_spans = self.phase_spans
         sampler = self.server_metrics
         if sampler is not None:
             record.server_state = sampler.span_attributes

@@ -27,11 +27,13 @@ from typing import Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from llmspans import _budget, _call, _content, _telemetry, _transport
+from llmspans import _budget, _call, _content, _openinference, _phases, _telemetry, _transport
 from llmspans import _exporters as exporters
 from llmspans import _names as names
 from llmspans._aggregation import AggregatingReader, Aggregation, exemplar_filter
@@ -55,6 +57,73 @@ class Configuration:
     traces_file: Path | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     compression: Compression | None = None
+    metrics_mode: Literal["otlp", "file", "none", "existing"] = "none"
+    """Where metrics go: OTLP, the traces file, nowhere (see `metrics_route`), or the application's own
+    MeterProvider."""
+    metrics_endpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class MetricsRoute:
+    """Where `configure()` sends metrics, and why when nowhere (said in `Configuration.notes`)."""
+
+    destination: Literal["otlp", "file", "none"]
+    endpoint: str | None = None  # an explicit endpoint; None lets the exporter read the standard variables
+    protocol: Protocol = "http/protobuf"
+    why: str = ""
+
+
+def metrics_route(
+    *, endpoint: str | None, traces_file: object, metrics: bool | None, protocol: str | None,
+    environ: Mapping[str, str],
+) -> MetricsRoute:  # fmt: skip
+    """Metrics go only where they can: the first rule that applies decides.
+
+    1. `configure(metrics=False)`, or `OTEL_METRICS_EXPORTER=none` (or a value without `otlp`, such as
+       `prometheus`: an exporter llmspans does not set up): no metrics export.
+    2. `configure(metrics=True)` or `OTEL_METRICS_EXPORTER=otlp` with no endpoint anywhere: OTLP to the
+       standard default, as asked.
+    3. An explicit `traces_file`: metrics in that file, with the spans.
+    4. An explicit `endpoint`: OTLP to it (`/v1/metrics` over HTTP).
+    5. `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT`: OTLP there.
+    6. Only `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`: a traces-only backend, so no metrics export (never a
+       default address nobody named).
+    7. Nothing at all: the embedded default's file.
+    """
+    chosen = (
+        protocol
+        or environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
+    if chosen not in PROTOCOLS:
+        raise ValueError(f"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL must be one of {PROTOCOLS}, got {chosen!r}")
+    metric_protocol: Protocol = chosen
+    exporters_wanted = [
+        part.strip().lower() for part in environ.get("OTEL_METRICS_EXPORTER", "").split(",") if part.strip()
+    ]
+    if metrics is False:
+        return MetricsRoute("none", why="configure(metrics=False)")
+    if exporters_wanted and "otlp" not in exporters_wanted and metrics is not True:
+        return MetricsRoute(
+            "none", why=f"OTEL_METRICS_EXPORTER={','.join(exporters_wanted)}: no metrics exported by llmspans"
+        )
+    specific = environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+    general = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    asked_for_otlp = metrics is True or "otlp" in exporters_wanted
+    if traces_file is not None:
+        return MetricsRoute("file", protocol=metric_protocol)
+    if endpoint is not None:
+        return MetricsRoute("otlp", endpoint, metric_protocol)
+    if specific or general or asked_for_otlp:
+        return MetricsRoute("otlp", None, metric_protocol)
+    if environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return MetricsRoute(
+            "none",
+            why="only OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (a traces-only backend): no metrics exported; "
+            "set OTEL_EXPORTER_OTLP_METRICS_ENDPOINT to export them",
+        )
+    return MetricsRoute("file", protocol=metric_protocol)
 
 
 _lock = threading.Lock()
@@ -73,20 +142,35 @@ def configure(
     metric_interval: float | None = None,
     compression: str | None = None,
     attempt_spans: str | None = None,
+    phase_spans: str | None = None,
+    slow_after: float | str | None = None,
+    openinference: bool | None = None,
+    metrics: bool | None = None,
 ) -> Configuration:
     """Set up tracing and metrics for llmspans; safe to call more than once.
 
     `headers` are added to those of `OTEL_EXPORTER_OTLP_HEADERS` (an explicit one wins over the
     variable's of the same name); `compression` ("gzip" or "none") falls back to
     `OTEL_EXPORTER_OTLP_COMPRESSION`. `attempt_spans="always"` gives every HTTP attempt a span
-    (default "retries": only the attempts of a call that retried). Export failures never raise
-    into the application.
+    (default "retries": only the attempts of a call that retried). `phase_spans` ("slow", the default,
+    "always" or "never") says which calls get a child span per phase; a call is slow when it is over its
+    budget or took longer than `slow_after` (2 s by default). `openinference=True` adds the span kinds
+    and the project name Arize Phoenix reads. `metrics=False` exports no metrics (see `metrics_route`
+    for where they go otherwise). Export failures never raise into the application.
     """
     global _current
     _check_arguments(service_name, endpoint, protocol, traces_file, headers, metric_interval, compression)
     chosen_attempt_spans = check_attempt_spans(attempt_spans)
+    chosen_phase_spans = _phases.check(phase_spans)
+    chosen_slow_after = _phases.check_slow_after(slow_after)
+    for flag, what in ((openinference, "openinference"), (metrics, "metrics")):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"{what} must be True or False, got {flag!r}")
     if chosen_attempt_spans is not None:
         set_configured_attempt_spans(chosen_attempt_spans)
+    _phases.configure(chosen_phase_spans, chosen_slow_after)
+    if openinference is not None:
+        _openinference.configure(openinference)
     if budgets is not None:
         _budget.registry.configure(_budget.parse_budgets(budgets))
     if capture_content is not None:
@@ -100,7 +184,7 @@ def configure(
                 )
             return _current
         _current = _set_up(
-            service_name, endpoint, protocol, traces_file, headers, metric_interval, compression
+            service_name, endpoint, protocol, traces_file, headers, metric_interval, compression, metrics
         )
         return _current
 
@@ -137,7 +221,8 @@ def _resource(service_name: str | None) -> Resource:
     resource = Resource.create(attributes)
     if not service_name and not os.environ.get("OTEL_SERVICE_NAME"):
         resource = resource.merge(Resource({SERVICE_NAME: "llmspans-app"}))
-    return resource
+    project = _openinference.project_attributes(str(resource.attributes.get(SERVICE_NAME) or ""))
+    return resource.merge(Resource(project)) if project else resource
 
 
 def _set_up(
@@ -148,6 +233,7 @@ def _set_up(
     headers: Mapping[str, str] | None,
     metric_interval: float | None,
     compression: str | None,
+    metrics_wanted: bool | None,
 ) -> Configuration:
     global _export_health
     env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
@@ -161,24 +247,43 @@ def _set_up(
     )
     if resolved_protocol not in PROTOCOLS:
         raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL must be one of {PROTOCOLS}, got {resolved_protocol!r}")
+    route = metrics_route(
+        endpoint=endpoint,
+        traces_file=traces_file,
+        metrics=metrics_wanted,
+        protocol=protocol,
+        environ=os.environ,
+    )
     interval_ms = int(metric_interval * 1000) if metric_interval else None
     use_otlp = (endpoint is not None or env_endpoint) and traces_file is None
     path: Path | None = None
-    health: tuple[exporters.ExportHealth, exporters.ExportHealth] | None = None
-    resolved_compression: Compression | None = None
+    health: list[exporters.ExportHealth] = []
+    span_health: exporters.ExportHealth | None = None
+    metric_exporter: MetricExporter | None = None
     exporters.quiet_repeated_export_logs()  # OTLP retries and a full disk alike log once per batch
+    resolved_compression = (
+        exporters.resolve_compression(compression) if use_otlp or route.destination == "otlp" else None
+    )
     if use_otlp:
-        resolved_compression = exporters.resolve_compression(compression)
-        span_exporter, metric_exporter, health = exporters.otlp_exporters(
+        span_exporter: SpanExporter
+        span_exporter, span_health = exporters.otlp_span_exporter(
             endpoint, resolved_protocol, headers, resolved_compression
         )
+        health.append(span_health)
         mode: Literal["otlp", "file"] = "otlp"
     else:
         path = Path(
             traces_file or os.environ.get(names.ENV_TRACES_FILE) or names.DEFAULT_TRACES_FILE
         ).resolve()
-        span_exporter, metric_exporter = exporters.file_exporters(path)
+        span_exporter, file_metric_exporter = exporters.file_exporters(path)
+        if route.destination == "file":
+            metric_exporter = file_metric_exporter
         mode = "file"
+    if route.destination == "otlp":
+        metric_exporter, metric_health = exporters.otlp_metric_exporter(
+            route.endpoint, route.protocol, headers, resolved_compression, span_health
+        )
+        health.append(metric_health)
     shown_endpoint = endpoint or (env_endpoint if use_otlp else None)
     explicit = endpoint is not None or traces_file is not None
     resource = _resource(service_name)
@@ -200,7 +305,15 @@ def _set_up(
         notes.append("left the application's existing TracerProvider and its exporters alone")
 
     existing_meter = metrics.get_meter_provider()
-    if type(existing_meter).__name__ == "_ProxyMeterProvider":
+    metrics_mode: Literal["otlp", "file", "none", "existing"] = route.destination
+    if type(existing_meter).__name__ != "_ProxyMeterProvider":
+        if metric_exporter is not None:
+            metric_exporter.shutdown()
+        metrics_mode = "existing"
+        notes.append("left the application's existing MeterProvider alone (metrics go to its readers)")
+    elif metric_exporter is None:
+        notes.append(f"metrics are not exported: {route.why}")
+    else:
         aggregation = Aggregation(exemplars=exemplar_filter())
         reader = AggregatingReader(
             metric_exporter, aggregation, resource, InstrumentationScope(names.INSTRUMENTATION_NAME, __version__),
@@ -213,21 +326,21 @@ def _set_up(
         else:
             notes.append("the metric exporter asks for non-explicit histograms: the SDK aggregates them")
         _forget_metrics_in_a_forked_child(meter_provider, reader, aggregation)
-    else:
-        metric_exporter.shutdown()
-        notes.append("left the application's existing MeterProvider alone (metrics go to its readers)")
 
     # atexit runs last-registered first: ending the calls still open is registered after the
     # providers, so it runs before they flush, whatever finalisers were registered before.
     atexit.register(_call.end_open_calls)
     atexit.register(_transport.end_open_attempts)
-    if health is not None:
+    if health:
         # atexit runs last-registered first: this marks the exporters as closing before the
         # providers registered above flush, so a dead endpoint is not retried at exit.
-        atexit.register(exporters.mark_closing, health)
-        _export_health = health
+        atexit.register(exporters.mark_closing, tuple(health))
+        _export_health = tuple(health)
     for note in notes:
         logger.info("llmspans: %s", note)
+    metric_target = None
+    if metrics_mode == "otlp" and health:
+        metric_target = health[-1].target
     return Configuration(
         mode=mode if exporting_spans else "existing",
         service_name=resource.attributes.get(SERVICE_NAME),  # type: ignore[arg-type]
@@ -236,6 +349,8 @@ def _set_up(
         traces_file=path,
         notes=tuple(notes),
         compression=resolved_compression,
+        metrics_mode=metrics_mode,
+        metrics_endpoint=metric_target,
     )
 
 
@@ -279,8 +394,9 @@ def current() -> Configuration | None:
     return _current
 
 
-_export_health: tuple[exporters.ExportHealth, exporters.ExportHealth] | None = None
-"""The span and metric export health of the OTLP set-up, if one was made (for tests and diagnostics)."""
+_export_health: tuple[exporters.ExportHealth, ...] | None = None
+"""The export health of the OTLP set-up, spans first then metrics, where each goes over OTLP (for tests
+and diagnostics)."""
 
 
 def _reset_for_tests() -> None:

@@ -16,6 +16,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import re
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
@@ -27,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _deferred, _suppress, _telemetry
+from llmspans import _budget, _deferred, _openinference, _suppress, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans import _sites as sites
@@ -80,8 +81,10 @@ class _Scope:
 
     def __init__(
         self, stage: str, span_name: str, attributes: Mapping[str, AttributeValue], budget: float | None,
-        labels: metric.Labels,
+        labels: metric.Labels, openinference_attributes: Mapping[str, AttributeValue],
     ) -> None:  # fmt: skip
+        if _openinference.enabled:
+            attributes = openinference_attributes
         self.stage = stage
         self.labels = labels
         self.budget = _budget.registry.resolve(stage, budget)
@@ -142,6 +145,40 @@ def _record_stage(span: Span, labels: metric.Labels, elapsed_ns: int, exceeded: 
     recorder.add(records, recorder.sample(span, time.time_ns()))
 
 
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+
+
+def _same_word(one: str, other: str) -> bool:
+    """`post` and `postprocess`, `retrieve` and `retrieval`: equal, or sharing a stem of at least four
+    letters that is all of the shorter word, or all but its last letter."""
+    if one == other:
+        return True
+    shared = 0
+    for left, right in zip(one, other, strict=False):
+        if left != right:
+            break
+        shared += 1
+    return shared >= 4 and shared >= min(len(one), len(other)) - 1
+
+
+def stage_span_name(stage: str, qualname: str) -> str:
+    """`{stage} {function}`, or just the stage when the function is named like it.
+
+    `@stage("guardrail") def guardrail` is `guardrail`, `@retrieval def retrieve` is `retrieval`,
+    `@stage("post") def postprocess` is `post`; `@stage("prompt") def build_prompt` stays
+    `prompt build_prompt` (a name that says more than the stage keeps all it says). The function's full
+    name stays in `code.function.name`.
+    """
+    function = qualname.rpartition(".")[2]
+    if not function.isidentifier():
+        return f"{stage} {qualname}"
+    stage_words = [word.lower() for word in _WORD.findall(stage)] or [stage.lower()]
+    words = [word.lower() for word in _WORD.findall(function)]
+    if words and all(any(_same_word(word, repeated) for repeated in stage_words) for word in words):
+        return stage
+    return f"{stage} {qualname}"
+
+
 class _StageSpec:
     """What a decorator was asked for; builds one `_Scope` per call."""
 
@@ -179,7 +216,7 @@ class _StageSpec:
                 }
             )
         else:
-            span_name = f"{self.stage} {qualname}"
+            span_name = stage_span_name(self.stage, qualname)
             if self.operation:
                 attributes[names.GEN_AI_OPERATION_NAME] = self.operation
         if self.data_source:
@@ -190,6 +227,8 @@ class _StageSpec:
                 f"{qualname} is not one: use on_exceed='record'"
             )
         # One scope per call, from what is fixed at decoration time (a partial: no Python frame of its own).
+        kind = _openinference.stage_kind(self.stage, self.operation)
+        openinference_attributes = {**attributes, names.OPENINFERENCE_SPAN_KIND: kind} if kind else attributes
         scope = functools.partial(
             _Scope,
             self.stage,
@@ -197,6 +236,7 @@ class _StageSpec:
             MappingProxyType(attributes),
             self.budget,
             _stage_labels(self.stage),
+            MappingProxyType(openinference_attributes),
         )
 
         if inspect.isasyncgenfunction(func):
@@ -431,6 +471,12 @@ def tool(
     return spec.wrap(func) if func is not None else spec.wrap
 
 
+_TURN_ATTRIBUTES = MappingProxyType({names.STAGE: names.STAGE_TURN})
+_TURN_OPENINFERENCE_ATTRIBUTES = MappingProxyType(
+    {names.STAGE: names.STAGE_TURN, names.OPENINFERENCE_SPAN_KIND: names.OPENINFERENCE_KIND_CHAIN}
+)
+
+
 class _TurnEntry:
     __slots__ = (
         "budget", "ctx_token", "span", "started_ns", "state_token", "suppressed", "totals", "totals_token",
@@ -472,7 +518,7 @@ class turn:
         span = (_suppress.NOOP_TRACER if suppressed else _telemetry.tracer()).start_span(
             f"{names.STAGE_TURN} {self.name}",
             kind=SpanKind.INTERNAL,
-            attributes={names.STAGE: names.STAGE_TURN},
+            attributes=_TURN_OPENINFERENCE_ATTRIBUTES if _openinference.enabled else _TURN_ATTRIBUTES,
         )
         totals = TurnTotals()
         entry = _TurnEntry(span, budget, totals, current_turn.set(totals), suppressed)

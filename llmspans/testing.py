@@ -22,15 +22,16 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmspans import _budget, _content, _deferred, _guard, _settings, _telemetry
+from llmspans import _budget, _content, _deferred, _guard, _openinference, _phases, _settings, _telemetry
 
 __all__ = ["Captured", "MetricPoint", "capture", "llmspans_capture", "reset", "settle"]
 
 
 def reset() -> None:
     """Forget the process-wide choices and memories a test may have left behind, so the next starts
-    clean: the budgets (configured and from `LLMSPANS_BUDGETS`, read again), the content-capture and
-    attempt-span choices of `configure()`, and which internal errors were already logged once.
+    clean: the budgets (configured and from `LLMSPANS_BUDGETS`, read again), the content-capture,
+    attempt-span, phase-span and OpenInference choices of `configure()` (from the environment again),
+    and which internal errors were already logged once.
 
     Providers and exporters that `configure()` set up stay (OpenTelemetry allows them once per
     process); `capture()` gives each test its own.
@@ -38,6 +39,8 @@ def reset() -> None:
     _budget.registry.reset()
     _content.set_configured(None)
     _settings.set_configured_attempt_spans("retries")
+    _phases.reset()
+    _openinference.reset()
     _guard.forget_reported()
 
 

@@ -203,7 +203,8 @@ def test_llm_budget_from_configuration_is_recorded(captured: Captured) -> None:
     _budget.registry.configure({"llm": 0.02})
     record = _record(False)
     record.finish("completed", now_ns=record.queued_ns + 30 * MS)
-    attributes = captured.spans[0].attributes or {}
+    (call,) = [span for span in captured.spans if (span.attributes or {}).get(names.STAGE) == names.STAGE_LLM]
+    attributes = call.attributes or {}
     assert attributes[names.BUDGET] == 0.02
     assert attributes[names.BUDGET_EXCEEDED] is True
     assert attributes[names.BUDGET_OVERRUN] == pytest.approx(0.01)

@@ -10,6 +10,7 @@ through its REST API. Skipped locally without LLMSPANS_REAL_SERVERS_DIR; failed 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -147,3 +148,76 @@ def _flatten(attrs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+WHERE_TIME_WENT = """
+import llmspans
+from llmspans.tools.simulator import Behavior, SimulatedServer
+import openai
+llmspans.configure(service_name={project!r}, endpoint={endpoint!r}, slow_after=0.2, openinference=True,
+                   capture_content=True)
+messages = [{{"role": "user", "content": "hi"}}]
+with SimulatedServer(Behavior(chunks=4, usage="finish")) as server:
+    client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="x"))
+    server.default = Behavior(first_chunk_delay=0.5, chunk_gap=0.01, chunks=4, usage="finish")
+    with llmspans.turn("slow-prefill"):
+        list(client.chat.completions.create(model="sim", messages=messages, stream=True))
+    server.default = Behavior(chunks=4, usage="finish")
+    server.enqueue(Behavior(status=429, retry_after_ms=300))
+    with llmspans.turn("retries"):
+        client.chat.completions.create(model="sim", messages=messages)
+"""
+
+
+def test_phoenix_shows_where_the_time_went(phoenix: PhoenixServer) -> None:
+    """A slow-prefill call and a retried call exported to Phoenix and read back through its API: the phase
+    spans under each call with durations that add up to its buckets, the retry event, the dominant bucket,
+    OpenInference's kinds on the turns, and the output messages Phoenix accepts."""
+    project = f"llmspans-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLMSPANS_"))}
+    code = textwrap.dedent(WHERE_TIME_WENT).format(project=project, endpoint=phoenix.http_endpoint)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    # In the project named after the service: configure(openinference=True) set openinference.project.name.
+    spans = phoenix.wait_for_spans(project, lambda found: len(found) >= 10, timeout=20)
+    by_id = {span["context"]["span_id"]: span for span in spans}
+    calls = [span for span in spans if _flatten(span["attributes"]).get("llmspans.stage") == "llm"]
+    assert len(calls) == 2
+    for call in calls:
+        flat = _flatten(call["attributes"])
+        turn = by_id[call["parent_id"]]
+        assert turn["span_kind"] == "CHAIN"  # openinference.span.kind, which Phoenix lifts off the attributes
+        phases = [
+            s
+            for s in spans
+            if s["parent_id"] == call["context"]["span_id"] and "phase" in str(s["attributes"])
+        ]
+        per_bucket: dict[str, float] = {}
+        for phase in phases:
+            bucket_name = _flatten(phase["attributes"])["llmspans.phase"]
+            per_bucket[bucket_name] = per_bucket.get(bucket_name, 0.0) + _seconds(phase)
+        if turn["name"] == "turn slow-prefill":
+            assert flat["llmspans.bucket.dominant"] == "first_token"
+            assert "waiting for the first token" in {phase["name"] for phase in phases}
+            assert per_bucket["first_token"] == pytest.approx(flat["llmspans.bucket.first_token"], abs=2e-3)
+            assert per_bucket["stream"] == pytest.approx(flat["llmspans.bucket.stream"], abs=2e-3)
+            output = json.loads(flat["gen_ai.output.messages"])
+            assert output[0]["finish_reason"] == "stop"
+            # Phoenix accepted the messages (the schema wants finish_reason): its Output panel reads these.
+            assert call["span_kind"] == "LLM"
+            assert flat["llm.output_messages.0.message.content"] == output[0]["parts"][0]["content"]
+            assert flat["llm.output_messages.0.message.finish_reason"] == "stop"
+        else:
+            assert flat["llmspans.bucket.dominant"] == "retry"
+            (backoff,) = [phase for phase in phases if phase["name"] == "backing off after http_429"]
+            assert 0.3 - 0.01 <= _seconds(backoff) <= 0.3 + 0.1
+            (retry,) = [event for event in call["events"] if event["name"] == "llmspans.retry"]
+            assert _flatten(retry["attributes"])["llmspans.retry.cause"] == "http_429"
+
+
+def _seconds(span: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    start, end = (
+        datetime.fromisoformat(span[key].replace("Z", "+00:00")) for key in ("start_time", "end_time")
+    )
+    return (end - start).total_seconds()

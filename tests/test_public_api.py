@@ -60,9 +60,7 @@ def test_capture_fixture_is_registered_as_a_plugin(llmspans_capture: llmspans.te
         return 1
 
     unit()
-    assert [span.name for span in llmspans_capture.spans] == [
-        "unit test_capture_fixture_is_registered_as_a_plugin.<locals>.unit"
-    ]
+    assert [span.name for span in llmspans_capture.spans] == ["unit"]
     assert llmspans_capture.metric_points("llmspans.stage.duration")[0].count == 1
 
 

@@ -24,6 +24,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "telemetry.md"
 
 CALL = "On the LLM call span"
 ATTEMPT = "On an HTTP attempt span"
+PHASE = "On a phase span"
 STAGES = "On stage, retrieval, tool and turn spans"
 
 
@@ -74,13 +75,18 @@ def is_attempt(span: ReadableSpan) -> bool:
     return span.kind is SpanKind.CLIENT and not is_call(span)
 
 
+def is_phase(span: ReadableSpan) -> bool:
+    return names.PHASE in (span.attributes or {})
+
+
 def is_stage(span: ReadableSpan) -> bool:
-    return span.kind is SpanKind.INTERNAL
+    return span.kind is SpanKind.INTERNAL and not is_phase(span)
 
 
 KINDS_OF_SPAN: dict[str, Callable[[ReadableSpan], bool]] = {
     CALL: is_call,
     ATTEMPT: is_attempt,
+    PHASE: is_phase,
     STAGES: is_stage,
 }
 

@@ -14,6 +14,7 @@ import textwrap
 from concurrent import futures
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
@@ -21,7 +22,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 import llmspans
+from llmspans import _names as names
 from llmspans import _setup
+from llmspans.testing import Captured
 
 APP = """
 import llmspans, time
@@ -219,3 +222,132 @@ def test_bad_configure_arguments(kwargs: dict[str, object], error: type[Exceptio
     with pytest.raises(error, match=fragment):
         llmspans.configure(**kwargs)  # type: ignore[arg-type]
     assert _setup.current() is before
+
+
+# --- metrics only where they can go -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "environ", "destination", "endpoint"),
+    [
+        ({}, {}, "file", None),  # the embedded default: metrics in the file, with the spans
+        ({"traces_file": "t.jsonl"}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, "file", None),
+        ({"endpoint": "http://c:4318"}, {}, "otlp", "http://c:4318"),
+        ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, "otlp", None),
+        ({}, {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:4318/v1/metrics"}, "otlp", None),
+        # A traces-only backend (Phoenix, Jaeger): no metrics sent to a default address nobody named.
+        ({}, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://phoenix:6006/v1/traces"}, "none", None),
+        (
+            {},
+            {
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t",
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m",
+            },
+            "otlp",
+            None,
+        ),
+        ({"endpoint": "http://c:4318"}, {"OTEL_METRICS_EXPORTER": "none"}, "none", None),
+        ({"endpoint": "http://c:4318"}, {"OTEL_METRICS_EXPORTER": "prometheus"}, "none", None),
+        ({"endpoint": "http://c:4318", "metrics": False}, {}, "none", None),
+        ({"metrics": True}, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t"}, "otlp", None),
+    ],
+)
+def test_metrics_go_only_where_they_can(
+    arguments: dict[str, Any], environ: dict[str, str], destination: str, endpoint: str | None
+) -> None:
+    from llmspans._setup import metrics_route
+
+    route = metrics_route(
+        endpoint=arguments.get("endpoint"), traces_file=arguments.get("traces_file"),
+        metrics=arguments.get("metrics"), protocol=None, environ=environ,
+    )  # fmt: skip
+    assert (route.destination, route.endpoint) == (destination, endpoint)
+    if destination == "none":
+        assert route.why  # said in configure()'s notes
+
+
+_TRACES_ONLY_APP = """
+import json
+import llmspans
+configuration = llmspans.configure(service_name="traces-only", metric_interval=0.1)
+with llmspans.turn("t"):
+    pass
+import time; time.sleep(0.5)
+print(json.dumps({"metrics_mode": configuration.metrics_mode, "notes": configuration.notes}))
+"""
+
+
+def test_a_traces_only_endpoint_gets_spans_and_no_metric_is_sent_anywhere(tmp_path: Path) -> None:
+    """Only OTEL_EXPORTER_OTLP_TRACES_ENDPOINT set (Phoenix, a traces-only backend): the spans reach it, no
+    metric export is attempted there or at localhost:4318, and configure() says why."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.support.local_http import serving
+
+    class Receiver(BaseHTTPRequestHandler):
+        server: Any
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.server.paths.append(self.path)
+            self.send_response(200 if self.path == "/v1/traces" else 405)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with serving(Receiver, paths=[]) as receiver:
+        env = {
+            key: value for key, value in os.environ.items()
+            if not key.startswith(("OTEL_", "LLMSPANS_"))
+        }  # fmt: skip
+        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
+        done = subprocess.run(
+            [sys.executable, "-c", _TRACES_ONLY_APP],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        paths = list(receiver.paths)  # type: ignore[attr-defined]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["metrics_mode"] == "none"
+    assert any("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT" in note for note in said["notes"])
+    assert "/v1/traces" in paths
+    assert "/v1/metrics" not in paths
+    assert "4318" not in done.stderr  # nothing tried the default metrics address
+
+
+def test_openinference_kinds_and_project_only_when_asked(captured: Captured) -> None:
+    from llmspans import _openinference
+
+    @llmspans.stage("guardrail")
+    def check() -> bool:
+        return True
+
+    @llmspans.tool
+    def lookup() -> str:
+        return "x"
+
+    with llmspans.turn("plain"):
+        check()
+    assert all(names.OPENINFERENCE_SPAN_KIND not in (s.attributes or {}) for s in captured.spans)
+    captured.clear()
+    _openinference.configure(True)
+    try:
+        with llmspans.turn("phoenix"):
+            check()
+            lookup()
+        assert _openinference.project_attributes("svc") == {names.OPENINFERENCE_PROJECT_NAME: "svc"}
+    finally:
+        _openinference.reset()
+    kinds = {
+        s.name.split(".")[-1]: (s.attributes or {}).get(names.OPENINFERENCE_SPAN_KIND) for s in captured.spans
+    }
+    assert kinds == {"check": "GUARDRAIL", "execute_tool lookup": None, "turn phoenix": "CHAIN"}
+    assert _openinference.project_attributes("svc") == {}

@@ -31,7 +31,7 @@ def test_sync_function_span_and_metadata_are_preserved(captured: Captured) -> No
     assert rerank.__name__ == "rerank"
     assert rerank.__doc__ == "Rerank documents."
     assert str(inspect.signature(rerank)) == "(docs: 'list[str]', *, top: 'int' = 2) -> 'list[str]'"
-    span_attrs = attrs(captured, "rerank test_sync_function_span_and_metadata_are_preserved.<locals>.rerank")
+    span_attrs = attrs(captured, "rerank")  # the function is named like its stage: no repeat
     assert span_attrs[names.STAGE] == "rerank"
     assert span_attrs[names.BUDGET] == 1.0
     assert span_attrs[names.BUDGET_EXCEEDED] is False
@@ -53,7 +53,7 @@ async def test_async_function_keeps_iscoroutinefunction_and_nests(captured: Capt
     assert inspect.iscoroutinefunction(search)
     assert await answer("q") == ["q"]
     inner = captured.span("retrieval test_async_function_keeps_iscoroutinefunction_and_nests.<locals>.search")
-    outer = captured.span("answer test_async_function_keeps_iscoroutinefunction_and_nests.<locals>.answer")
+    outer = captured.span("answer")
     assert inner.parent is not None
     assert inner.parent.span_id == outer.context.span_id
     assert (inner.attributes or {})[names.GEN_AI_OPERATION_NAME] == "retrieval"
@@ -358,7 +358,7 @@ async def test_one_turn_object_entered_by_concurrent_tasks(captured: Captured) -
     await asyncio.gather(run(0.02), run(0.01))
     turns = captured.spans_named("turn shared")
     assert len(turns) == 2
-    works = captured.spans_named("work test_one_turn_object_entered_by_concurrent_tasks.<locals>.work")
+    works = captured.spans_named("work")
     assert {w.parent.span_id for w in works if w.parent} == {t.context.span_id for t in turns}
 
 
@@ -401,3 +401,36 @@ def test_works_without_any_provider_configured() -> None:
 
     with llmspans.turn("chat"):
         assert plain() == 1
+
+
+@pytest.mark.parametrize(
+    ("stage", "qualname", "expected"),
+    [
+        ("guardrail", "guardrail", "guardrail"),
+        ("retrieval", "retrieve", "retrieval"),
+        ("post", "postprocess", "post"),
+        ("post_process", "Pipeline.post_process", "post_process"),
+        ("rerank", "test.<locals>.rerank", "rerank"),
+        ("prompt", "build_prompt", "prompt build_prompt"),
+        ("queued", "queued_at_the_fork", "queued queued_at_the_fork"),
+        ("guardrail", "check", "guardrail check"),
+        ("tool", "<lambda>", "tool <lambda>"),
+        ("moderation", "moderate", "moderation"),
+    ],
+)
+def test_a_function_named_like_its_stage_does_not_repeat_the_word(
+    stage: str, qualname: str, expected: str
+) -> None:
+    from llmspans._stages import stage_span_name
+
+    assert stage_span_name(stage, qualname) == expected
+
+
+def test_the_span_name_drops_the_repeat_but_the_function_name_stays(captured: Captured) -> None:
+    @llmspans.stage("guardrail")
+    def guardrail() -> bool:
+        return True
+
+    guardrail()
+    span = captured.span("guardrail")
+    assert span.attributes[names.CODE_FUNCTION].endswith("guardrail")

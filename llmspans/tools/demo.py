@@ -151,6 +151,7 @@ class OpenAIChat:
             openai.AsyncOpenAI(base_url=base_url, api_key="simulated", max_retries=3),
             limiter=limiter,
             budget=BUDGETS["llm"],
+            request_usage=True,  # the stream's token counts, so tokens and tokens/s show
         )
 
     async def complete(self, messages: list[dict[str, str]]) -> str:
@@ -180,7 +181,12 @@ class HttpxChat:
         )
 
     async def complete(self, messages: list[dict[str, str]]) -> str:
-        body = {"model": MODEL, "stream": True, "messages": messages}
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "messages": messages,
+            "stream_options": {"include_usage": True},
+        }
         parts = []
         async with self._client.stream("POST", "/chat/completions", json=body) as response:
             response.raise_for_status()

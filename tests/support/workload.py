@@ -18,6 +18,7 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.sdk.trace import ReadableSpan
 
 import llmspans
+from llmspans import _openinference, _phases
 from llmspans.testing import capture
 from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.support.vllm_sim import FAMILIES, EngineConfig, VLLMSimulator
@@ -35,10 +36,20 @@ class _Failed(Exception):
 
 def exercise() -> Exercised:
     """A turn with every stage kind, retried/laned/failed/captured calls, and a vLLM server sampled."""
+    floor, _phases.FLOOR_NS = _phases.FLOOR_NS, 0  # every phase gets its span, however short on loopback
+    try:
+        return _exercise()
+    finally:
+        _phases.FLOOR_NS = floor
+
+
+def _exercise() -> Exercised:
     fast = Behavior(chunks=4, usage="finish", chunk_gap=0.001)
     with SimulatedServer(fast) as server, capture() as captured:
         server.enqueue(Behavior(status=429, retry_after_ms=1), fast)
-        client = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=2))
+        client = llmspans.instrument(
+            openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=2), phase_spans="always"
+        )  # every call's phases, the retried one's back-off included
 
         @llmspans.retrieval(budget="1us", data_source="docs")  # always over: violations are emitted too
         def search() -> list[str]:
@@ -63,7 +74,11 @@ def exercise() -> Exercised:
 
         with llmspans.turn("chat", budget=30):
             search()
-            check()
+            _openinference.configure(True)  # what configure(openinference=True) adds, on one stage
+            try:
+                check()
+            finally:
+                _openinference.reset()
             with contextlib.suppress(_Failed):
                 refuse()
             stream = client.chat.completions.create(
@@ -87,6 +102,7 @@ def exercise() -> Exercised:
             limiter=lane,
             budget=30,
             capture_content=True,
+            phase_spans="always",
         )
         list(
             laned.chat.completions.create(
