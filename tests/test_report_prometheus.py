@@ -239,3 +239,57 @@ def test_exemplars_stand_in_for_the_slowest_traces(capsys: pytest.CaptureFixture
     slow = out.split("histogram points)\n", 1)[1].splitlines()
     assert slow[0].split() == ["2.50", "s", "tool", "(stage)", f"http://jaeger:16686/trace/{'aa' * 16}"]
     assert slow[1].split()[-1] == f"http://jaeger:16686/trace/{'bb' * 16}"
+
+
+# --- vLLM's own histograms, without tracing ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["0.10", "0.33"])
+def test_without_server_spans_vllms_own_histograms_give_the_server_side(family: str) -> None:
+    """Prometheus scraping a vLLM server (the simulator, by release): the report reads vLLM's queue, prefill,
+    time-to-first-token and between-token histograms over the window, per model, with the between-token
+    series each release has (`inter_token_latency_seconds` from 0.11, `time_per_output_token_seconds`
+    before), and says so in the triage's first_token advice when no server span split it."""
+    import openai
+
+    from llmspans.report._sources.prometheus import query_report
+    from tests.support.vllm_sim import FAMILIES, EngineConfig, VLLMSimulator
+
+    config = EngineConfig(version=FAMILIES[family], prefill_per_token=0.01, decode_per_token=0.005)
+    with VLLMSimulator(config) as sim, prometheus_server({"vllm": sim.port}) as prometheus:
+        client = openai.OpenAI(base_url=sim.base_url, api_key="x", max_retries=0)
+
+        def ask(times: int) -> None:
+            for _ in range(times):
+                for _chunk in client.chat.completions.create(
+                    model=config.model, messages=[{"role": "user", "content": "one two three four"}],
+                    stream=True, max_tokens=4,
+                ):  # fmt: skip
+                    pass
+
+        ask(1)  # the series exist before the measured calls: increase() counts from a first scrape
+        served = "sum(vllm:request_queue_time_seconds_count)"
+        prometheus.wait_for(served, 1)
+        started = time.time()
+        ask(5)
+        prometheus.wait_for(served, 6)
+        report = query_report(
+            prometheus.url, service=None, window_s=time.time() - started + SCRAPE_INTERVAL_S
+        )
+    (histograms,) = report.server_histograms
+    assert histograms.model == config.model
+    for distribution in (histograms.queue, histograms.prefill, histograms.time_to_first_token):
+        assert distribution is not None
+        # increase() extrapolates to the window's edges: 5 requests read as 5 to 8.
+        assert 5 <= distribution.count <= 8
+        # Every request fell in the first bucket (vLLM's are coarse: 0.3 s for queue and prefill), and
+        # histogram_quantile interpolates inside it: the figures are bounded by it, not exact.
+        assert 0.0 < distribution.p50 <= 0.3
+    assert histograms.inter_token is not None
+    expected = (
+        "vllm:time_per_output_token_seconds" if family == "0.10" else "vllm:inter_token_latency_seconds"
+    )
+    assert histograms.inter_token_metric == expected
+    from llmspans.report._text import render
+
+    assert f"vLLM's own histograms for model {config.model}" in render(report)

@@ -218,6 +218,21 @@ class ServerPressure:
 
 
 @dataclass(frozen=True)
+class ServerHistograms:
+    """vLLM's own histograms over the window, per model (Prometheus source): the server-side view of
+    queue, prefill, time to first token and time between tokens when no server spans are traced.
+    `inter_token_metric` names the series read (`vllm:inter_token_latency_seconds` from 0.11, else
+    `vllm:time_per_output_token_seconds`)."""
+
+    model: str
+    queue: Distribution | None
+    prefill: Distribution | None
+    time_to_first_token: Distribution | None
+    inter_token: Distribution | None
+    inter_token_metric: str | None
+
+
+@dataclass(frozen=True)
 class ServerGauges:
     """vLLM's load as llmspans' sampler exported it (Prometheus source): max and mean over the window."""
 
@@ -285,6 +300,7 @@ class Report:
     server_gauges: tuple[ServerGauges, ...] = ()
     exemplars: tuple[Exemplar, ...] = ()
     server_pressure: ServerPressure | None = None
+    server_histograms: tuple[ServerHistograms, ...] = ()
     # The sorted samples behind each stage, bucket and part (seconds), for comparisons; not in the JSON.
     samples: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 

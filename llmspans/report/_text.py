@@ -51,6 +51,27 @@ def _ratio(value: float | None) -> str:
     return f"{value:.1f}x" if value is not None else "n/a"
 
 
+def _server_histograms(report: Report) -> list[str]:
+    """vLLM's own histograms per model (Prometheus source): its side, with or without server spans."""
+    out: list[str] = []
+    for histograms in report.server_histograms:
+        out.append("")
+        out.append(
+            f"vLLM's own histograms for model {histograms.model} (server side, no server spans needed)"
+        )
+        rows = [
+            [label, *_quantiles(distribution)]
+            for label, distribution in (
+                ("server queue", histograms.queue), ("prefill", histograms.prefill),
+                ("time to first token", histograms.time_to_first_token),
+                ("between tokens", histograms.inter_token),
+            )
+            if distribution is not None
+        ]  # fmt: skip
+        out += _table(["part", *_QUANTILE_HEADERS], rows)
+    return out
+
+
 def render(report: Report, comparison: Comparison | None = None) -> str:
     """The whole report; every section that has nothing to say is left out."""
     out: list[str] = []
@@ -67,6 +88,7 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
     if not report.traces:
         out.append("")
         out.append("No llmspans traces found: nothing to report.")
+        out += _server_histograms(report)  # a vLLM server Prometheus scrapes still says its side
         return "\n".join(out) + "\n"
 
     triage = report.triage
@@ -203,6 +225,8 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             )
         for note in server.notes:
             out += _wrap(f"note: {note}", "")
+
+    out += _server_histograms(report)
 
     for gauges in report.server_gauges:
         out += _wrap(

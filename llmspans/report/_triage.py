@@ -21,6 +21,7 @@ from llmspans.report._model import (
     LimiterRow,
     Part,
     Retries,
+    ServerHistograms,
     ServerPressure,
     ServerSplit,
     StageRow,
@@ -152,7 +153,7 @@ def _rule(part: Part, figures: Figures) -> tuple[str, str, str]:
             f" (server side at p95: queue {format_seconds(server.server_queue.p95)}, prefill "
             f"{format_seconds(server.prefill.p95)}, network/other {format_seconds(server.network_other.p95)})"
             if server is not None
-            else ""
+            else _from_histograms(figures.histograms)
         )
         bound = memory_bound(figures.pressure)
         if bound is not None:
@@ -186,6 +187,17 @@ class Figures:
     limiters: tuple[LimiterRow, ...]
     server: ServerSplit | None
     pressure: ServerPressure | None = None
+    histograms: tuple[ServerHistograms, ...] = ()
+
+
+def _from_histograms(histograms: tuple[ServerHistograms, ...]) -> str:
+    """The server's own queue and prefill at p95 from vLLM's histograms, when no server span split it."""
+    said = [
+        f"{h.model}: queue {format_seconds(h.queue.p95)}, prefill {format_seconds(h.prefill.p95)}"
+        for h in histograms
+        if h.queue is not None and h.prefill is not None
+    ]
+    return f" (vLLM's histograms at p95: {'; '.join(said)})" if said else ""
 
 
 def memory_bound(pressure: ServerPressure | None) -> str | None:

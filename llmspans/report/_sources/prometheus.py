@@ -32,6 +32,7 @@ from llmspans.report._model import (
     Report,
     Retries,
     ServerGauges,
+    ServerHistograms,
     StageRow,
 )
 from llmspans.report._spans import ReportInputError
@@ -265,6 +266,37 @@ def _server_gauges(api: _Api, select: str, window: _Window) -> tuple[ServerGauge
     )
 
 
+# vLLM's own histograms, as its /metrics names them (Prometheus scrapes vLLM directly: no translation).
+VLLM_QUEUE_TIME = "vllm:request_queue_time_seconds"
+VLLM_PREFILL_TIME = "vllm:request_prefill_time_seconds"
+VLLM_TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+VLLM_INTER_TOKEN = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")  # 0.11+, before
+LABEL_VLLM_MODEL = "model_name"
+
+
+def _server_histograms(api: _Api, window: _Window) -> tuple[ServerHistograms, ...]:
+    """vLLM's histograms per model over the window; empty when Prometheus scrapes no vLLM server."""
+    found: dict[str, dict[str, Distribution]] = {}
+    for key, metric in (
+        ("queue", VLLM_QUEUE_TIME), ("prefill", VLLM_PREFILL_TIME), ("ttft", VLLM_TIME_TO_FIRST_TOKEN),
+    ):  # fmt: skip
+        for model, distribution in _histograms(api, metric, LABEL_VLLM_MODEL, "", window).items():
+            found.setdefault(model, {})[key] = distribution
+    inter_token_metric: dict[str, str] = {}
+    for metric in VLLM_INTER_TOKEN:
+        for model, distribution in _histograms(api, metric, LABEL_VLLM_MODEL, "", window).items():
+            if "inter_token" not in found.setdefault(model, {}):
+                found[model]["inter_token"] = distribution
+                inter_token_metric[model] = metric
+    return tuple(
+        ServerHistograms(
+            model, figures.get("queue"), figures.get("prefill"), figures.get("ttft"), figures.get("inter_token"),
+            inter_token_metric.get(model),
+        )
+        for model, figures in sorted(found.items())
+    )  # fmt: skip
+
+
 def _exemplars(api: _Api, select: str, window: _Window, jaeger: str | None, top: int) -> tuple[Exemplar, ...]:
     found = []
     for metric, label in ((STAGE_DURATION, LABEL_STAGE), (BUCKET_DURATION, LABEL_BUCKET)):
@@ -375,12 +407,14 @@ def _report(
         new_connections / successful if successful > 0 else None,
         None,
     )
+    server_histograms = _server_histograms(api, window)
     figures = Figures(
         variability=variability,
         retries=retries,
         connections=connections,
         limiters=_limiters(api, select, window, service),
         server=None,
+        histograms=server_histograms,
     )
     notes = [
         "from Prometheus: quantiles are interpolated inside histogram buckets, per span and per call (not per "
@@ -415,6 +449,7 @@ def _report(
         notes=tuple(notes),
         server_gauges=_server_gauges(api, select, window),
         exemplars=_exemplars(api, select, window, jaeger, top),
+        server_histograms=server_histograms,
     )
 
 
