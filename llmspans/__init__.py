@@ -4,7 +4,7 @@ The whole public API is here; everything else in the package is private.
 """
 
 from llmspans._budget import BudgetExceeded
-from llmspans._instrument import instrument, uninstrument
+from llmspans._instrument import instrument, instrument_all, uninstrument, uninstrument_all
 from llmspans._limiter import Admission, Limiter, LimiterStats, LimiterTimeout
 from llmspans._setup import Configuration, configure
 from llmspans._stages import retrieval, stage, tool, turn
@@ -20,9 +20,11 @@ __all__ = [
     "__version__",
     "configure",
     "instrument",
+    "instrument_all",
     "retrieval",
     "stage",
     "tool",
     "turn",
     "uninstrument",
+    "uninstrument_all",
 ]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from llmspans import _budget, _content, _phases
+from llmspans import _budget, _classes, _content, _phases
 from llmspans._adapters import Adapter, openai_sdk, plain_http
 from llmspans._limiter import Limiter
 from llmspans._settings import Settings, check_attempt_spans
@@ -23,6 +24,26 @@ def adapter_for(client: Any) -> Adapter | None:
     return next((adapter for adapter in ADAPTERS if adapter.matches(client)), None)
 
 
+def _not_a_client(target: Any, what: str) -> TypeError:
+    """The error for something that is not a client: say what to pass instead, where that can be told."""
+    kind = f"{type(target).__module__}.{type(target).__qualname__}"
+    module = type(target).__module__.split(".")[0]
+    if module == "openai" and type(target).__module__.startswith("openai.resources"):
+        return TypeError(
+            f"{what} takes the client, not one of its resources ({kind}): pass the openai.OpenAI (or "
+            "AsyncOpenAI) client itself, e.g. llmspans.instrument(client), not client.chat.completions"
+        )
+    for attribute in ("root_client", "root_async_client", "client", "async_client", "_client"):
+        inner = getattr(target, attribute, None) if not isinstance(target, type) else None
+        if inner is not None and adapter_for(inner) is not None:
+            return TypeError(
+                f"{what} takes an LLM client, and {kind} is a framework object that holds one: instrument the "
+                f"client class instead, llmspans.instrument(openai.OpenAI) (or llmspans.instrument_all()), "
+                f"before the framework builds its client; see the README's Frameworks section"
+            )
+    return TypeError(f"{what} supports {_SUPPORTED} (a client, or one of those classes); got {kind}")
+
+
 def instrument(
     client: C,
     *,
@@ -37,6 +58,10 @@ def instrument(
 ) -> C:
     """Instrument an LLM client in place and return it: `client = llmspans.instrument(OpenAI())`.
 
+    Given a client class (`llmspans.instrument(openai.OpenAI)`), every client of it built from then on,
+    subclasses included, and those alive now, are instrumented with these settings: the one line for
+    clients a framework builds inside. `uninstrument(openai.OpenAI)` undoes it.
+
     `server_metrics=True` (with a vLLM server) samples the server's Prometheus `/metrics` in the
     background and stamps its queue, batch and KV-cache state on each call span at admission;
     pass an `llmspans.vllm.ServerMetrics` to share one sampler between clients.
@@ -45,11 +70,27 @@ def instrument(
     `phase_spans` ("slow", "always" or "never"; by default what `configure()` chose, else "slow") says
     which calls get a child span per phase (queue wait, back-off, connect, first token, stream, post).
     """
+    options: dict[str, Any] = {
+        "provider": provider, "limiter": limiter, "budget": budget, "capture_content": capture_content,
+        "request_usage": request_usage, "server_metrics": server_metrics, "attempt_spans": attempt_spans,
+        "phase_spans": phase_spans,
+    }  # fmt: skip
+    if isinstance(client, type):
+        if not any(adapter.matches_class(client) for adapter in ADAPTERS):
+            raise _not_a_client(client, "llmspans.instrument()")
+        _check(**options)
+        _classes.instrument_class(client, options, instrument)
+        return client
     adapter = adapter_for(client)
     if adapter is None:
-        raise TypeError(
-            f"llmspans.instrument() supports {_SUPPORTED}; got {type(client).__module__}.{type(client).__qualname__}"
-        )
+        raise _not_a_client(client, "llmspans.instrument()")
+    return _instrument_one(adapter, client, **options)
+
+
+def _check(**options: Any) -> None:
+    """Check `instrument()`'s arguments before anything is changed (a class checks them once, up front)."""
+    provider, limiter = options["provider"], options["limiter"]
+    request_usage, server_metrics = options["request_usage"], options["server_metrics"]
     if provider is not None and (not isinstance(provider, str) or not provider.strip()):
         raise ValueError(f"provider must be a non-empty string such as 'openai' or 'vllm', got {provider!r}")
     if limiter is not None and not isinstance(limiter, Limiter):
@@ -60,12 +101,31 @@ def instrument(
         raise TypeError(
             f"server_metrics must be True, False or an llmspans.vllm.ServerMetrics, got {server_metrics!r}"
         )
+    check_attempt_spans(options["attempt_spans"])
+    _phases.check(options["phase_spans"])
+    if options["budget"] is not None:
+        _budget.parse_seconds(options["budget"], what="budget for the LLM call")
+    _content.check(options["capture_content"])
+
+
+def _instrument_one(
+    adapter: Adapter, client: C, *, provider: str | None, limiter: Limiter | None, budget: float | str | None,
+    capture_content: Any, request_usage: bool, server_metrics: Any, attempt_spans: str | None,
+    phase_spans: str | None,
+) -> C:  # fmt: skip
+    _check(
+        provider=provider, limiter=limiter, budget=budget, capture_content=capture_content,
+        request_usage=request_usage, server_metrics=server_metrics, attempt_spans=attempt_spans,
+        phase_spans=phase_spans,
+    )  # fmt: skip
     attempt_spans = check_attempt_spans(attempt_spans)
     phase_spans = _phases.check(phase_spans)
     budget_seconds = None if budget is None else _budget.parse_seconds(budget, what="budget for the LLM call")
     capture = _content.check(capture_content)
     if adapter.installed(client) is not None:
-        return client
+        if not _classes.release(client):
+            return client
+        adapter.uninstall(client)  # instrumented by its class: the app's own settings take over
     sampler: ServerMetrics | None = None
     if server_metrics is True:
         from llmspans.vllm import ServerMetrics as Sampler
@@ -89,9 +149,45 @@ def instrument(
 
 
 def uninstrument(client: C) -> C:
-    """Undo `instrument()`; harmless on a client that is not instrumented."""
+    """Undo `instrument()`; harmless on a client (or class) that is not instrumented."""
+    if isinstance(client, type):
+        if not any(adapter.matches_class(client) for adapter in ADAPTERS):
+            raise _not_a_client(client, "llmspans.uninstrument()")
+        _classes.uninstrument_class(client, uninstrument)
+        return client
     adapter = adapter_for(client)
     if adapter is None:
-        raise TypeError(f"llmspans.uninstrument() supports {_SUPPORTED}; got {type(client).__qualname__}")
+        raise _not_a_client(client, "llmspans.uninstrument()")
     adapter.uninstall(client)
     return client
+
+
+def instrument_all(*, httpx: bool = False, **settings: Any) -> list[type]:
+    """Instrument the openai SDK's client classes that can be imported (and, with `httpx=True`, the plain
+    httpx/httpx2 client classes, which carry non-LLM traffic too): every client built from then on, and
+    those that exist. `settings` are `instrument()`'s. Returns the classes instrumented."""
+    if not isinstance(httpx, bool):
+        raise TypeError(f"httpx must be True or False, got {httpx!r}")
+    classes: list[type] = []
+    wanted = [("openai", ("OpenAI", "AsyncOpenAI"))]
+    if httpx:
+        wanted += [("httpx", ("Client", "AsyncClient")), ("httpx2", ("Client", "AsyncClient"))]
+    for module_name, class_names in wanted:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for class_name in class_names:
+            cls = getattr(module, class_name, None)
+            if isinstance(cls, type):
+                instrument(cls, **settings)
+                classes.append(cls)
+    return classes
+
+
+def uninstrument_all() -> list[type]:
+    """Undo class-level instrumentation of every class (`instrument_all()` and `instrument(cls)`)."""
+    classes = _classes.patched_classes()
+    for cls in classes:
+        uninstrument(cls)
+    return classes

@@ -16,6 +16,7 @@ CALL_FINISH: Final = "call.finish"
 CALL_RELEASE: Final = "call.release"
 CALL_SERVER_STATE: Final = "call.server_state"
 CALL_SPAN_END: Final = "call.span_end"
+CLASS_INSTRUMENT: Final = "class.instrument"
 DEFERRED_WORK: Final = "deferred.work"
 HTTPX_BEGIN: Final = "httpx.begin"
 HTTPX_CONTENT: Final = "httpx.content"
@@ -54,6 +55,7 @@ ALL: Final = frozenset(
         CALL_RELEASE,
         CALL_SERVER_STATE,
         CALL_SPAN_END,
+        CLASS_INSTRUMENT,
         DEFERRED_WORK,
         HTTPX_BEGIN,
         HTTPX_CONTENT,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import importlib
 import time
 import weakref
@@ -28,7 +29,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from llmspans import _deferred, _telemetry
+from llmspans import _deferred, _retries, _telemetry
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import seconds
@@ -132,7 +133,10 @@ class _AttemptScope:
     `attempt_spans="always"` every attempt has one. A call span that does not record gets none.
     """
 
-    __slots__ = ("__weakref__", "attempt", "closed", "connect_started_ns", "observer", "owns_call", "record")
+    __slots__ = (
+        "__weakref__", "attempt", "closed", "connect_started_ns", "observer", "owns_call", "record",
+        "retry_after_s", "sdk_retries",
+    )  # fmt: skip
 
     def __init__(
         self, record: CallRecord, request: Any, owns_call: bool, observer: BodyObserver | None
@@ -142,6 +146,8 @@ class _AttemptScope:
         self.owns_call = owns_call
         self.observer = observer
         self.closed = False
+        self.sdk_retries = False  # the openai SDK sent it and will retry it if it fails (see `_retries`)
+        self.retry_after_s: float | None = None
         _open_attempts.add(self)
         self.connect_started_ns = 0
         attempts = record.attempts
@@ -150,7 +156,8 @@ class _AttemptScope:
         if owns_call:  # a plain client's call sees one attempt: the SDK above it says which retry this is
             header = request.headers.get(_RETRY_HEADER)
             if header and header.isdigit():
-                attempt.resend_count = int(header)
+                attempt.resend_count = len(attempts) - 1 if len(attempts) > 1 else int(header)
+                self.sdk_retries = True
         if record.suppressed:
             return  # no span, and no traceparent sent
         parent = record.span
@@ -181,6 +188,8 @@ class _AttemptScope:
         if status >= 400:
             attempt.cause = f"http_{status}"
             attempt.error_type = str(status)
+            if self.sdk_retries:
+                self.retry_after_s = _retries.retry_after_seconds(headers)
         if self.observer is not None:
             self.observer.response_headers(headers)  # the body it will see is still content-encoded
 
@@ -218,10 +227,22 @@ class _AttemptScope:
             self.record.finish_on_close and bool(self.record.attempts) and self.record.attempts[-1] is attempt
         )
         if ends_call:
-            if self.observer is not None:
-                with swallow(sites.TRANSPORT_OBSERVER):
-                    self.observer.finish(now, error)
-            self.record.finish(self._outcome(error), error=error, now_ns=now)
+            if (
+                self.owns_call
+                and self.sdk_retries
+                and self.record.on_release is None  # a limiter's slot is not held through a back-off
+                and (error is not None or _retries.retried_status(attempt.status))
+            ):
+                # The SDK will likely retry: the call stays open for that attempt (`_retries`).
+                _retries.hold(self.record, functools.partial(self._end_call, error, now), self.retry_after_s)
+                return
+            self._end_call(error, now)
+
+    def _end_call(self, error: BaseException | None, now: int) -> None:
+        if self.observer is not None:
+            with swallow(sites.TRANSPORT_OBSERVER):
+                self.observer.finish(now, error)
+        self.record.finish(self._outcome(error), error=error, now_ns=now)
 
     def _outcome(self, error: BaseException | None) -> str:
         """How a call ended by its body's close: cancelled, failed, read to its end, or let go of before it."""
@@ -447,8 +468,11 @@ class _Transport:
             return None
 
     def _limiter(self, opened: tuple[CallRecord, BodyObserver | None, bool]) -> Limiter | None:
-        """A plain client's limiter admits the calls its requests open (an adapter's admits its own)."""
-        return self._plain.limiter if opened[2] and self._plain is not None else None
+        """A plain client's limiter admits the calls its requests open (an adapter's admits its own); a
+        retry joining a held call (`_retries`) was admitted with its first attempt."""
+        if not opened[2] or self._plain is None or opened[0].on_release is not None:
+            return None
+        return self._plain.limiter
 
     def _attempt(
         self, opened: tuple[CallRecord, BodyObserver | None, bool], request: Any, is_async: bool

@@ -22,7 +22,17 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmspans import _budget, _content, _deferred, _guard, _openinference, _phases, _settings, _telemetry
+from llmspans import (
+    _budget,
+    _content,
+    _deferred,
+    _guard,
+    _instrument,
+    _openinference,
+    _phases,
+    _settings,
+    _telemetry,
+)
 
 __all__ = ["Captured", "MetricPoint", "capture", "llmspans_capture", "reset", "settle"]
 
@@ -31,7 +41,7 @@ def reset() -> None:
     """Forget the process-wide choices and memories a test may have left behind, so the next starts
     clean: the budgets (configured and from `LLMSPANS_BUDGETS`, read again), the content-capture,
     attempt-span, phase-span and OpenInference choices of `configure()` (from the environment again),
-    and which internal errors were already logged once.
+    class-level instrumentation, and which internal errors were already logged once.
 
     Providers and exporters that `configure()` set up stay (OpenTelemetry allows them once per
     process); `capture()` gives each test its own.
@@ -41,6 +51,7 @@ def reset() -> None:
     _settings.set_configured_attempt_spans("retries")
     _phases.reset()
     _openinference.reset()
+    _instrument.uninstrument_all()
     _guard.forget_reported()
 
 

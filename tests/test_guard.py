@@ -84,6 +84,15 @@ def openai_copy(url: str) -> Any:
     )
 
 
+def class_level_call(url: str) -> Any:
+    llmspans.instrument(openai.OpenAI)
+    try:
+        client = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
+        return client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content
+    finally:
+        llmspans.uninstrument(openai.OpenAI)
+
+
 def limited_call(url: str) -> Any:
     return openai_call(url, limiter=llmspans.Limiter(2, name="guard"))
 
@@ -194,6 +203,7 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.CALL_RELEASE: (limited_call, None),
     sites.CALL_SERVER_STATE: (server_state, None),
     sites.CALL_SPAN_END: (openai_call, lambda: patched(SdkSpan, "end", raising)),
+    sites.CLASS_INSTRUMENT: (class_level_call, None),
     sites.DEFERRED_WORK: (deferred_job, lambda: patched(Work, "run", raising)),
     sites.HTTPX_BEGIN: (plain_call, None),
     sites.HTTPX_CONTENT: (lambda url: plain_call(url, capture_content=True), None),

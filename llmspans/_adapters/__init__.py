@@ -21,6 +21,9 @@ class Adapter(Protocol):
     def matches(self, target: Any) -> bool:
         """Whether `target` is a client of this family."""
 
+    def matches_class(self, cls: type) -> bool:
+        """Whether `cls` is a client class of this family (for class-level instrumentation)."""
+
     def default_provider(self, client: Any) -> str:
         """`gen_ai.provider.name` when `instrument()` is not told one."""
 

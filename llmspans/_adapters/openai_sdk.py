@@ -46,9 +46,12 @@ class OpenAISDK:
     name = "openai.OpenAI, openai.AsyncOpenAI (and their Azure subclasses)"
 
     def matches(self, target: Any) -> bool:
+        return self.matches_class(type(target))
+
+    def matches_class(self, cls: type) -> bool:
         return any(
-            cls.__module__.split(".")[0] == "openai" and cls.__name__ in ("OpenAI", "AsyncOpenAI")
-            for cls in type(target).__mro__
+            base.__module__.split(".")[0] == "openai" and base.__name__ in ("OpenAI", "AsyncOpenAI")
+            for base in cls.__mro__
         )
 
     def default_provider(self, client: Any) -> str:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from llmspans import _content, _openai_wire, _transport
+from llmspans import _content, _openai_wire, _retries, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._adapters.body_readers import JsonObserver, StreamObserver
@@ -29,9 +29,13 @@ class PlainHTTP:
     name = "httpx.Client, httpx.AsyncClient, httpx2.Client or httpx2.AsyncClient"
 
     def matches(self, target: Any) -> bool:
+        return self.matches_class(type(target))
+
+    def matches_class(self, cls: type) -> bool:
         return any(
-            cls.__module__.split(".")[0] in ("httpx", "httpx2") and cls.__name__ in ("Client", "AsyncClient")
-            for cls in type(target).__mro__
+            base.__module__.split(".")[0] in ("httpx", "httpx2")
+            and base.__name__ in ("Client", "AsyncClient")
+            for base in cls.__mro__
         )
 
     def default_provider(self, client: Any) -> str:
@@ -83,11 +87,20 @@ class OpenAIPathCalls:
                 body = decoded
         stream = body.get("stream") is True
         url = request.url
-        record = self.settings.new_record(operation, body, stream, url)
-        capture = _content.resolve(self.settings.capture_content) if record.recording else False
-        if capture:
-            with swallow(sites.HTTPX_CONTENT):  # a redaction hook that raises must not leave the span open
-                _content.write_input(record, capture, body)
+        retry = request.headers.get(_retries.RETRY_COUNT_HEADER)
+        held = _retries.claim(int(retry) if retry and retry.isdigit() else None)
+        capture: _content.CaptureSetting
+        if held is not None:  # the openai SDK's retry of a call this client already opened
+            record = held
+            capture = _content.resolve(self.settings.capture_content) if record.recording else False
+        else:
+            record = self.settings.new_record(operation, body, stream, url)
+            capture = _content.resolve(self.settings.capture_content) if record.recording else False
+            if capture:
+                with swallow(
+                    sites.HTTPX_CONTENT
+                ):  # a redaction hook that raises must not leave the span open
+                    _content.write_input(record, capture, body)
         observer: StreamObserver | JsonObserver = (
             StreamObserver(record, capture, responses_api=_openai_wire.is_responses_path(url.path))
             if stream
