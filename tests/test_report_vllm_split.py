@@ -184,15 +184,7 @@ def test_the_split_is_right_on_every_family(family: str, receiver: OTLPReceiver,
 
 def _otlp_server_span(span: Any) -> dict[str, Any]:
     """A received `llm_request` span back in the OTLP JSON encoding the report reads."""
-
-    def value(raw: Any) -> dict[str, Any]:
-        if isinstance(raw, bool):
-            return {"boolValue": raw}
-        if isinstance(raw, int):
-            return {"intValue": str(raw)}
-        if isinstance(raw, float):
-            return {"doubleValue": raw}
-        return {"stringValue": str(raw)}
+    from tests.test_report import _value as value
 
     return {
         "traceId": span.trace_id, "spanId": span.span_id, "parentSpanId": span.parent_span_id or "",
