@@ -49,9 +49,12 @@ def patched_classes() -> list[type]:
         return list(_patched)
 
 
-def instrument_class(cls: type, options: dict[str, Any], instrument_one: Callable[..., Any]) -> None:
-    """Wrap `cls.__init__` so each new instance is instrumented with `options`; instrument those that
-    exist. Idempotent: a class already instrumented keeps its first settings."""
+def instrument_class(
+    cls: type, options: dict[str, Any], instrument_one: Callable[..., Any], installed: Callable[[Any], bool]
+) -> None:
+    """Wrap `cls.__init__` so each new instance is instrumented with `options` (`instrument_one`, unless
+    `installed` says it already is); instrument those that exist. Idempotent: a class already
+    instrumented keeps its first settings."""
     with _lock:
         if cls in _patched:
             return
@@ -63,23 +66,22 @@ def instrument_class(cls: type, options: dict[str, Any], instrument_one: Callabl
             result = wrapped(*args, **kwargs)
             if instance is not None:
                 with swallow(sites.CLASS_INSTRUMENT):  # the client is built; a failure leaves it plain
-                    _instrument(patch, instance, instrument_one)
+                    _instrument(patch, instance, instrument_one, installed)
             return result
 
         cls.__init__ = wrapt.FunctionWrapper(cls.__init__, instrumented_init)  # type: ignore[misc]
         _patched[cls] = patch
     for existing in _instances_of(cls):
         with swallow(sites.CLASS_INSTRUMENT):
-            _instrument(patch, existing, instrument_one)
+            _instrument(patch, existing, instrument_one, installed)
 
 
-def _instrument(patch: _Patch, client: Any, instrument_one: Callable[..., Any]) -> None:
+def _instrument(
+    patch: _Patch, client: Any, instrument_one: Callable[..., Any], installed: Callable[[Any], bool]
+) -> None:
     """Instrument one client of the class, unless it already is (by the app, or by another class)."""
-    from llmspans._instrument import adapter_for
-
     check_fault(sites.CLASS_INSTRUMENT)
-    adapter = adapter_for(client)
-    if adapter is None or adapter.installed(client) is not None:
+    if installed(client):
         return
     instrument_one(client, **patch.options)
     patch.clients.add(client)

@@ -79,12 +79,17 @@ def instrument(
         if not any(adapter.matches_class(client) for adapter in ADAPTERS):
             raise _not_a_client(client, "llmspans.instrument()")
         _check(**options)
-        _classes.instrument_class(client, options, instrument)
+        _classes.instrument_class(client, options, instrument, _installed)
         return client
     adapter = adapter_for(client)
     if adapter is None:
         raise _not_a_client(client, "llmspans.instrument()")
     return _instrument_one(adapter, client, **options)
+
+
+def _installed(client: Any) -> bool:
+    adapter = adapter_for(client)
+    return adapter is None or adapter.installed(client) is not None
 
 
 def _check(**options: Any) -> None:

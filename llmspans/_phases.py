@@ -18,7 +18,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
@@ -27,8 +28,20 @@ from opentelemetry.util.types import AttributeValue
 from llmspans import _budget, _telemetry
 from llmspans import _names as names
 
-if TYPE_CHECKING:
-    from llmspans._call import CallRecord
+
+class Timed(Protocol):
+    """What phase spans are drawn from: a call record's instants, attempts and span (`_call.CallRecord`)."""
+
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def span(self) -> Any: ...
+    @property
+    def attempts(self) -> Sequence[Any]: ...
+
+    def instants_ns(self, released_ns: int, outcome: str = ...) -> tuple[int, ...]: ...
+    def wall_ns(self, monotonic_ns: int) -> int: ...
+
 
 logger = logging.getLogger("llmspans")
 
@@ -91,7 +104,7 @@ def reset() -> None:
 _QUEUE, _RETRY, _CONNECT, _FIRST_TOKEN, _STREAM, _POST = names.BUCKETS  # a phase is named by its bucket
 
 
-def write(record: CallRecord, outcome: str, released_ns: int) -> None:
+def write(record: Timed, outcome: str, released_ns: int) -> None:
     """The call's phase spans, children of its span, each at least `FLOOR_NS` long."""
     called, built, admitted, first_start, final_start, connected, first, last, released = record.instants_ns(
         released_ns, outcome
