@@ -231,11 +231,17 @@ class _AttemptScope:
                 self.owns_call
                 and self.sdk_retries
                 and self.record.on_release is None  # a limiter's slot is not held through a back-off
-                and (error is not None or _retries.retried_status(attempt.status))
-            ):
-                # The SDK will likely retry: the call stays open for that attempt (`_retries`).
-                _retries.hold(self.record, functools.partial(self._end_call, error, now), self.retry_after_s)
-                return
+                and (
+                    isinstance(error, Exception)
+                    or (error is None and _retries.retried_status(attempt.status))
+                )
+            ):  # a cancellation is not retried: it ends the call now
+                with swallow(sites.TRANSPORT_CLOSE):
+                    # The SDK will likely retry: the call stays open for that attempt (`_retries`).
+                    _retries.hold(
+                        self.record, functools.partial(self._end_call, error, now), self.retry_after_s
+                    )
+                    return
             self._end_call(error, now)
 
     def _end_call(self, error: BaseException | None, now: int) -> None:

@@ -96,3 +96,20 @@ def test_a_plain_client_with_a_limiter_keeps_each_attempt_a_call(
     client = openai.OpenAI(base_url=server.base_url, api_key="x", http_client=http, max_retries=1)
     client.chat.completions.create(model="tiny", messages=MESSAGES)
     assert [s.attributes.get(names.HTTP_RESPONSE_STATUS_CODE) for s in calls(captured)] == [429, 200]
+
+
+async def test_a_cancelled_attempt_is_not_held_for_a_retry(
+    server: SimulatedServer, captured: Captured
+) -> None:
+    """A cancellation is not something the SDK retries: the call ends at once, not at the hold's deadline."""
+    import asyncio
+
+    server.default = Behavior(header_delay=1.0)
+    client = sdk_over_a_plain_client(server, True, max_retries=2)
+    task = asyncio.ensure_future(create(client, True))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (span,) = calls(captured)
+    assert span.attributes[names.ERROR_TYPE] == "CancelledError"
