@@ -25,4 +25,4 @@ major = int(openai.__version__.split(".")[0])
 assert major < 3, f"the legacy leg needs an httpx-based openai (1.x/2.x), got {openai.__version__}"
 print(f"openai {openai.__version__} (sends through httpx)")
 PY
-"$venv/bin/python" -m pytest tests/test_openai_sdk.py tests/test_stream.py tests/test_transport.py tests/test_instrument.py -q
+"$venv/bin/python" -m pytest tests/test_openai_sdk.py tests/test_stream.py tests/test_transport.py tests/test_transport_kinds.py tests/test_instrument.py -q

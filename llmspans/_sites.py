@@ -39,6 +39,7 @@ TRANSPORT_GC: Final = "transport.gc"
 TRANSPORT_INJECT: Final = "transport.inject"
 TRANSPORT_OBSERVE: Final = "transport.observe"
 TRANSPORT_OBSERVER: Final = "transport.observer"
+TRANSPORT_READ_BODY: Final = "transport.read_body"
 TRANSPORT_RESPONSE: Final = "transport.response"
 TRANSPORT_SPAN_END: Final = "transport.span_end"
 TRANSPORT_TRACE: Final = "transport.trace"
@@ -78,6 +79,7 @@ ALL: Final = frozenset(
         TRANSPORT_INJECT,
         TRANSPORT_OBSERVE,
         TRANSPORT_OBSERVER,
+        TRANSPORT_READ_BODY,
         TRANSPORT_RESPONSE,
         TRANSPORT_SPAN_END,
         TRANSPORT_TRACE,

@@ -19,9 +19,10 @@ import asyncio
 import contextvars
 import functools
 import importlib
+import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 from opentelemetry import propagate, trace
@@ -37,6 +38,8 @@ from llmspans._call import Attempt, CallRecord
 from llmspans._guard import check_fault, guarded, report, swallow
 from llmspans._limiter import Limiter
 from llmspans._names import PROVIDER_VLLM
+
+logger = logging.getLogger("llmspans")
 
 active_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("llmspans_call", default=None)
 
@@ -98,6 +101,8 @@ def safe_url(url: Any) -> str:
 
 
 _REDACTED = "REDACTED"
+_IDENTITY: dict[str, str] = {}  # the headers of a body that needs no decoding
+_LAST_BYTES = 64  # enough of a body read whole for the `[DONE]` check of `CallRecord.finish`
 
 
 def cause_of(error: BaseException) -> str:
@@ -182,7 +187,8 @@ class _AttemptScope:
             self.attempt.connect_ns = now - (self.connect_started_ns or self.attempt.started_ns)
 
     @guarded(sites.TRANSPORT_RESPONSE, None)
-    def responded(self, status: int, headers: Any) -> None:
+    def responded(self, status: int, headers: Any, decoded: bool = False) -> None:
+        """The response headers came; `decoded`: the body the observer will get is already decoded."""
         attempt = self.attempt
         attempt.status = status
         if status >= 400:
@@ -191,7 +197,22 @@ class _AttemptScope:
             if self.sdk_retries:
                 self.retry_after_s = _retries.retry_after_seconds(headers)
         if self.observer is not None:
-            self.observer.response_headers(headers)  # the body it will see is still content-encoded
+            # The body it will see is still content-encoded, unless the response arrived read.
+            self.observer.response_headers(_IDENTITY if decoded else headers)
+
+    def read_whole(self, response: Any) -> None:
+        """A response handed over with its body complete and read: every byte arrived now, so the
+        attempt (and a plain client's call) ends now, as it would after the last read of a body
+        streamed through us; the app's own consumption of it comes after, in `post`."""
+        now = time.perf_counter_ns()
+        content = response.content  # the decoded body (`responded` told the observer so)
+        record = self.record
+        record.bytes_at_ns = now
+        record.last_bytes = content[-_LAST_BYTES:]
+        if self.observer is not None and content:
+            _observe(self.observer, content, now)
+        self.body_done(now)
+        self.close(None, now)
 
     def failed(self, error: BaseException) -> None:
         with swallow(sites.TRANSPORT_FAILED):
@@ -497,6 +518,18 @@ class _Transport:
 
     def _answered(self, scope: _AttemptScope, response: Any, body: type[_Body]) -> None:
         scope.attempt.response = response  # what an adapter reads if the SDK fails after it (a parse)
+        if getattr(response, "is_stream_consumed", False):
+            # The body came whole and already read (`Response(200, content=...)`: a MockTransport
+            # handler, a test fake, a cache): no read or close of it will ever reach us.
+            scope.responded(response.status_code, response.headers, decoded=True)
+            try:
+                check_fault(sites.TRANSPORT_READ_BODY)
+                scope.read_whole(response)
+            except Exception as failure:
+                report(sites.TRANSPORT_READ_BODY, failure)
+                with swallow(sites.TRANSPORT_CLOSE):  # unread or not, the attempt (and its call) ends
+                    scope.close()
+            return
         scope.responded(response.status_code, response.headers)
         with swallow(sites.TRANSPORT_WRAP_BODY):
             response.stream = body(response.stream, scope)
@@ -563,23 +596,47 @@ class _AsyncTransport(_Transport):
 
 
 def install(http_client: Any, plain: CallOpener | None = None) -> bool:
-    """Wrap the client's transport (and mounted ones); False when it was already wrapped."""
+    """Wrap the client's transport (and mounted ones); False when it was already wrapped.
+
+    The wrapper is chosen by the client, sync or async, never by the methods its transport happens
+    to have: `MockTransport` and many test fakes offer both. A transport that offers only the other
+    side cannot serve this client at all; it is left as it is (the client fails as it would without
+    llmspans), with one debug line.
+    """
     if isinstance(http_client._transport, _Transport):
         return False
     library = library_of(http_client)
-    is_async = hasattr(http_client._transport, "handle_async_request")
-    wrap: Callable[[Any], Any] = (
-        (lambda inner: library.async_transport(inner, library, plain))
-        if is_async
-        else (lambda inner: library.sync_transport(inner, library, plain))
-    )
+    is_async = _is_async_client(http_client, library)
+    method = "handle_async_request" if is_async else "handle_request"
+    make = library.async_transport if is_async else library.sync_transport
+
+    def wrap(inner: Any) -> Any:
+        if isinstance(inner, _Transport) or not callable(getattr(inner, method, None)):
+            if not isinstance(inner, _Transport):
+                logger.debug(
+                    "llmspans: %s has no %s for this %s client; its requests pass through unobserved",
+                    type(inner).__qualname__, method, "async" if is_async else "sync",
+                )  # fmt: skip
+            return inner
+        return make(inner, library, plain)
+
     http_client._transport = wrap(http_client._transport)
     mounts = getattr(http_client, "_mounts", None)
     if mounts:
         for pattern, transport in list(mounts.items()):
-            if transport is not None and not isinstance(transport, _Transport):
+            if transport is not None:
                 mounts[pattern] = wrap(transport)
     return True
+
+
+def _is_async_client(http_client: Any, library: _Library) -> bool:
+    """An `AsyncClient` (or a subclass, like the openai SDK's own) of its library; a client class of
+    neither kind is judged by its transport, as the only thing left to go by."""
+    if isinstance(http_client, library.module.AsyncClient):
+        return True
+    if isinstance(http_client, library.module.Client):
+        return False
+    return callable(getattr(http_client._transport, "handle_async_request", None))
 
 
 def remove(http_client: Any) -> None:

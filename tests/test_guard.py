@@ -128,6 +128,15 @@ def plain_collected(url: str) -> Any:
     return first
 
 
+def plain_preread(url: str) -> Any:
+    """A client on a MockTransport, whose answers come whole (`content=`) and already read."""
+    answer = {"choices": [{"index": 0, "message": {"content": "whole"}, "finish_reason": "stop"}]}
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
+    with llmspans.instrument(httpx.Client(base_url=url, transport=transport)) as client:
+        content = client.post("/chat/completions", json={"model": "m", "messages": MESSAGES}).json()
+    return content["choices"][0]["message"]["content"], len(_call._open_calls)
+
+
 def refused(url: str) -> Any:
     import socket
 
@@ -226,6 +235,7 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.TRANSPORT_INJECT: (openai_call, None),
     sites.TRANSPORT_OBSERVE: (plain_stream, None),
     sites.TRANSPORT_OBSERVER: (plain_stream, None),
+    sites.TRANSPORT_READ_BODY: (plain_preread, None),
     sites.TRANSPORT_RESPONSE: (openai_call, None),
     sites.TRANSPORT_SPAN_END: (lambda url: openai_call(url, attempt_spans="always"), None),
     sites.TRANSPORT_TRACE: (openai_call, None),
