@@ -30,7 +30,13 @@ def _differences(expected: Any, got: Any, where: str = "") -> list[str]:
             else:
                 found += _differences(expected[key], got[key], f"{where}/{key}")
         return found
-    if isinstance(expected, list) and isinstance(got, list) and len(expected) == len(got):
+    if isinstance(expected, list) and isinstance(got, list) and len(expected) != len(got):
+        shown = {repr(item) for item in got}
+        missing = [item for item in expected if repr(item) not in shown]
+        known = {repr(item) for item in expected}
+        new = [item for item in got if repr(item) not in known]
+        return [f"{where}: {len(expected)} items, now {len(got)}; missing {missing!r:.600}; new {new!r:.600}"]
+    if isinstance(expected, list) and isinstance(got, list):
         return [line for index, (one, other) in enumerate(zip(expected, got, strict=True))
                 for line in _differences(one, other, f"{where}[{index}]")]  # fmt: skip
     if expected != got:

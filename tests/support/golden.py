@@ -66,8 +66,9 @@ STAGE_GAUGES = {names.METRIC_STAGE_BUDGET, names.METRIC_LIMITER_CAP, names.METRI
 # --- the workload ---------------------------------------------------------------------------------
 
 
-def scenarios(server: SimulatedServer) -> list[tuple[str, Callable[[], None]]]:
-    """(name, run) in order; each run makes one or a few calls on clients of its own."""
+def scenarios(server: SimulatedServer, alive: list[Any]) -> list[tuple[str, Callable[[], None]]]:
+    """(name, run) in order; each run makes one or a few calls on clients of its own. What the
+    collection reports on (the limiter of its gauges) is kept in `alive` until the run collects."""
     base = server.base_url
 
     def client(**instrument: Any) -> openai.OpenAI:
@@ -114,6 +115,7 @@ def scenarios(server: SimulatedServer) -> list[tuple[str, Callable[[], None]]]:
 
     def limited() -> None:
         lane = llmspans.Limiter(1, name=LANE)
+        alive.append(lane)  # its gauges report while it lives: not at the whim of the collector
         # Over its budget, so it would get phase spans as long as the machine makes them: not here.
         limited_client = client(limiter=lane, budget=0.000001, phase_spans="never")
         limited_client.chat.completions.create(model="tiny", messages=MESSAGES)
@@ -240,8 +242,9 @@ def run(server: SimulatedServer, path: str, sampler: Sampler) -> dict[str, Any]:
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     by_scenario: dict[str, list[ReadableSpan]] = {}
     requests: dict[str, list[Any]] = {}
+    alive: list[Any] = []
     with PATHS[path](tracer_provider) as collect:
-        for name, scenario in scenarios(server):
+        for name, scenario in scenarios(server, alive):
             seen, asked = len(spans.get_finished_spans()), len(server.requests)
             scenario()
             llmspans.testing.settle()
@@ -249,6 +252,7 @@ def run(server: SimulatedServer, path: str, sampler: Sampler) -> dict[str, Any]:
             by_scenario[name] = list(spans.get_finished_spans())[seen:]
             requests[name] = list(server.requests)[asked:]
         collected = collect()
+        alive.clear()
     tracer_provider.shutdown()
     every_span = [span for found in by_scenario.values() for span in found]
     span_names = {span.context.span_id: span.name for span in every_span}
@@ -271,7 +275,7 @@ def run_without_provider(server: SimulatedServer) -> dict[str, Any]:
     """No provider anywhere (the API's proxies): nothing to export, and no `traceparent` is sent."""
     requests: dict[str, list[Any]] = {}
     assert type(otel_metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider"
-    for name, scenario in scenarios(server):
+    for name, scenario in scenarios(server, []):
         asked = len(server.requests)
         scenario()
         llmspans.testing.settle()
