@@ -19,6 +19,7 @@ sampled and unsampled, and with no provider at all.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -242,6 +243,7 @@ def run(server: SimulatedServer, path: str, sampler: Sampler) -> dict[str, Any]:
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     by_scenario: dict[str, list[ReadableSpan]] = {}
     requests: dict[str, list[Any]] = {}
+    gc.collect()  # an earlier run's clients (cycles) and limiters are gone: its gauges report no more
     alive: list[Any] = []
     with PATHS[path](tracer_provider) as collect:
         for name, scenario in scenarios(server, alive):
