@@ -21,12 +21,17 @@ for a collection's snapshot, never taken from a finalizer. At fork the child sta
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import random
 import threading
 import time
+import weakref
 from bisect import bisect_left
+from collections import _count_elements  # type: ignore[attr-defined]  # Counter's own C loop
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, cast
 
 from opentelemetry import trace
@@ -48,31 +53,48 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from llmspans import _names as names
-from llmspans._metrics import COUNTER, HISTOGRAM, INSTRUMENTS, InstrumentSpec, Labels, Sample
+from llmspans._metrics import COUNTER, HISTOGRAM, INSTRUMENTS, CallMetrics, InstrumentSpec, Labels, Sample
+
+logger = logging.getLogger("llmspans")
 
 CARDINALITY_LIMIT = 2000
 """Attribute sets per instrument, as the SDK's default; later ones count in one overflow set."""
 _OVERFLOW = Labels({names.METRIC_OVERFLOW: True})
+_BOUND_KEPT = 1024  # kinds of call whose series are kept resolved at once
+_BATCH = 128  # a kind of call's values aggregated together; its memory is bounded by this
 
 
 class _Series:
     """One instrument's points for one attribute set since its start (or the last delta collection)."""
 
-    __slots__ = ("counts", "exemplars", "labels", "max", "min", "seen", "start_ns", "sum")
+    __slots__ = ("bounds", "counts", "exemplars", "labels", "max", "min", "seen", "start_ns", "sum")
 
-    def __init__(self, labels: Labels, buckets: int, start_ns: int) -> None:
+    def __init__(self, labels: Labels, buckets: int, start_ns: int, bounds: tuple[float, ...]) -> None:
         self.labels = labels
+        self.bounds = bounds  # a histogram's boundaries; () for a counter
         self.start_ns = start_ns
         self.counts = [0] * buckets  # a counter keeps one "bucket"
         self.sum: float = 0
         self.min = float("inf")
         self.max = float("-inf")
-        self.exemplars: list[tuple[float, int, Sample] | None] = [None] * buckets
+        # (value, time, sample, order): `order` says which of two values came last, across kinds of call
+        self.exemplars: list[tuple[float, int, Sample, int] | None] = [None] * buckets
         self.seen = 0  # measurements offered to a counter's one-exemplar reservoir
 
     def reset_exemplars(self) -> None:
         self.exemplars = [None] * len(self.exemplars)
         self.seen = 0
+
+
+class _Pending:
+    """One kind of call's values not yet aggregated (rows: the values, the time, the sample), and its
+    series once resolved (by member)."""
+
+    __slots__ = ("rows", "series")
+
+    def __init__(self, members: int) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+        self.series: list[_Series | None] = [None] * members
 
 
 class Aggregation:
@@ -81,7 +103,16 @@ class Aggregation:
     def __init__(self, *, exemplars: str = "trace_based") -> None:
         self._lock = threading.Lock()
         self._series: list[dict[str, _Series]] = [{} for _ in INSTRUMENTS]
+        # The series of each kind of call (`CallMetrics`), resolved at its first value: a call's values
+        # then go straight to their series. Emptied whenever series are dropped (a delta collection).
+        self._bound: dict[CallMetrics, _Pending] = {}
+        # Pending values of kinds of call let go of (more than `_BOUND_KEPT`): drained at the next two
+        # collections, in case a call was appending to one as it was let go of.
+        self._retired: list[tuple[CallMetrics, _Pending]] = []
+        self._retired_before: list[tuple[CallMetrics, _Pending]] = []
+        self._order = itertools.count()  # which value came last, for the exemplars
         self.exemplar_filter = exemplars
+        self.trace_based = exemplars != "always_on"  # a span that does not record gives no exemplar
 
     # --- recording (called with the values of one call, one stage, one turn) ---------------
 
@@ -107,6 +138,7 @@ class Aggregation:
         now = sample.time_ns if sample is not None else 0
         tables = self._series
         with self._lock:
+            order = next(self._order)
             for spec, value, labels in records:
                 series = tables[spec.index].get(labels.key) or self._find(spec, labels, now)
                 series.sum += value
@@ -116,7 +148,7 @@ class Aggregation:
                     if sample is not None:
                         series.seen += 1
                         if series.seen == 1 or random.randrange(series.seen) == 0:
-                            series.exemplars[0] = (value, now, sample)
+                            series.exemplars[0] = (value, now, sample, order)
                     continue
                 index = bisect_left(boundaries, value)
                 series.counts[index] += 1
@@ -125,7 +157,112 @@ class Aggregation:
                 if value > series.max:
                     series.max = value
                 if sample is not None:
-                    series.exemplars[index] = (value, now, sample)
+                    series.exemplars[index] = (value, now, sample, order)
+
+    def add_call(self, metrics: CallMetrics, values: Sequence[float], sample: Sample | None) -> None:
+        """One call's values, kept with the others of its kind until `_BATCH` of them are aggregated
+        together (or a collection comes): the request path pays for an append, and the counting runs
+        in C over a column of values at a time. A bucket's exemplar is the latest sampled value in it.
+
+        The append takes no lock: a drain takes the rows it saw off the front of the list, so one
+        appended meanwhile stays for the next.
+        """
+        pending = self._bound.get(metrics)
+        if pending is None:
+            with self._lock:
+                pending = self._pending_for(metrics)
+        rows = pending.rows
+        if sample is None:
+            rows.append((*values, 0, 0, None))
+        else:
+            rows.append((*values, next(self._order), sample.time_ns, sample))
+        if len(rows) >= _BATCH:
+            with self._lock:
+                self._drain(metrics, pending)
+
+    def _pending_for(self, metrics: CallMetrics) -> _Pending:
+        """Under the lock: the pending values of a kind of call (a new one if not seen since the last
+        reset)."""
+        pending = self._bound.get(metrics)
+        if pending is None:
+            if len(self._bound) >= _BOUND_KEPT:
+                self._drain_all()
+                self._retired.extend(self._bound.items())
+                self._bound.clear()
+            pending = self._bound[metrics] = _Pending(len(metrics.members))
+        return pending
+
+    def _drain(self, metrics: CallMetrics, pending: _Pending) -> None:
+        """Under the lock: aggregate a kind of call's pending values, member by member (one column of
+        values each), as `add` would have one by one; a bucket's exemplar is the latest sampled value
+        that fell in it."""
+        rows = pending.rows
+        taken = len(rows)
+        if not taken:
+            return
+        batch = rows[:taken]
+        del rows[:taken]  # what was appended since stays (list operations are atomic)
+        columns = list(zip(*batch, strict=True))
+        orders, times, samples = columns[-3], columns[-2], columns[-1]
+        sampled = samples.count(None) != taken
+        bound = pending.series
+        for index, (spec, labels) in enumerate(metrics.members):
+            column = columns[index]
+            series = bound[index]
+            if series is None:
+                series = bound[index] = self._find(spec, labels, times[0])
+            total = sum(column)
+            series.sum += total
+            boundaries = series.bounds
+            if not boundaries:  # a counter: one "bucket", and a one-exemplar reservoir as the SDK's
+                series.counts[0] += taken
+                if sampled:
+                    for value, at_ns, sample, order in zip(column, times, samples, orders, strict=True):
+                        if sample is not None:
+                            series.seen += 1
+                            if series.seen == 1 or random.randrange(series.seen) == 0:
+                                series.exemplars[0] = (value, at_ns, sample, order)
+                continue
+            if not any(column):  # every value 0 (queue, retry, connect, most of the time)
+                low = high = column[0]
+            else:
+                low, high = min(column), max(column)
+            if low < series.min:
+                series.min = low
+            if high > series.max:
+                series.max = high
+            at = bisect_left(boundaries, low)
+            if at == bisect_left(boundaries, high):  # the usual batch: every value in one bucket
+                series.counts[at] += taken
+                if sampled:
+                    for found in reversed(tuple(zip(column, times, samples, orders, strict=True))):
+                        if found[2] is not None:  # the latest sampled value is the bucket's exemplar
+                            current = series.exemplars[at]
+                            if current is None or current[3] < found[3]:
+                                series.exemplars[at] = found
+                            break
+                continue
+            indexes = list(map(partial(bisect_left, boundaries), column))
+            counts = series.counts
+            tally: dict[int, int] = {}
+            _count_elements(tally, indexes)
+            for at, n in tally.items():
+                counts[at] += n
+            if sampled:
+                exemplars = series.exemplars
+                for at, value, at_ns, sample, order in zip(
+                    indexes, column, times, samples, orders, strict=True
+                ):
+                    if sample is not None:
+                        current = exemplars[at]
+                        if current is None or current[3] < order:
+                            exemplars[at] = (value, at_ns, sample, order)
+
+    def _drain_all(self) -> None:
+        for metrics, pending in self._bound.items():
+            self._drain(metrics, pending)
+        for metrics, pending in (*self._retired, *self._retired_before):
+            self._drain(metrics, pending)
 
     def add_distribution(
         self, spec: InstrumentSpec, labels: Labels, counts: Sequence[int], total: float, low: float, high: float,
@@ -136,13 +273,14 @@ class Aggregation:
         if not count:
             return
         with self._lock:
+            order = next(self._order)
             series = self._find(spec, labels, sample.time_ns if sample is not None else time.time_ns())
             totals = series.counts
             for index, n in enumerate(counts):
                 if n:
                     totals[index] += n
                     if sample is not None:
-                        series.exemplars[index] = (lasts[index], sample.time_ns, sample)
+                        series.exemplars[index] = (lasts[index], sample.time_ns, sample, order)
             series.sum += total
             if low < series.min:
                 series.min = low
@@ -158,7 +296,8 @@ class Aggregation:
                 series = table.get(labels.key)
             if series is None:
                 buckets = len(spec.boundaries) + 1 if spec.kind != COUNTER else 1
-                series = table[labels.key] = _Series(labels, buckets, now_ns or time.time_ns())
+                bounds = spec.boundaries if spec.kind != COUNTER else ()
+                series = table[labels.key] = _Series(labels, buckets, now_ns or time.time_ns(), bounds)
         return series
 
     # --- collection -------------------------------------------------------------------------
@@ -170,6 +309,9 @@ class Aggregation:
         now = now_ns if now_ns is not None else time.time_ns()
         metrics: list[Metric] = []
         with self._lock:
+            self._drain_all()
+            self._retired_before, self._retired = self._retired, []
+            dropped = False
             for spec in INSTRUMENTS:
                 table = self._series[spec.index]
                 if not table:
@@ -178,6 +320,7 @@ class Aggregation:
                 points = [self._point(spec, series, now) for series in table.values() if any(series.counts)]
                 if delta:
                     table.clear()  # as the SDK: the next point starts at its first measurement
+                    dropped = True
                 else:
                     for series in table.values():
                         series.reset_exemplars()  # exemplars are per collection, as the SDK's
@@ -192,6 +335,9 @@ class Aggregation:
                 metrics.append(
                     Metric(name=spec.name, description=spec.description, unit=spec.unit, data=data)
                 )
+            if dropped:  # the pending values were drained, and the series they were bound to are gone
+                for pending in (*self._bound.values(), *(retired for _, retired in self._retired_before)):
+                    pending.series = [None] * len(pending.series)
         return metrics
 
     def _point(self, spec: InstrumentSpec, series: _Series, now: int) -> HistogramDataPoint | NumberDataPoint:
@@ -200,7 +346,7 @@ class Aggregation:
             Exemplar({}, value, at_ns, sample.span_id, sample.trace_id)
             for found in series.exemplars
             if found is not None
-            for value, at_ns, sample in (found,)
+            for value, at_ns, sample, _ in (found,)
         ]
         if spec.kind == COUNTER:
             value = series.sum
@@ -220,6 +366,9 @@ class Aggregation:
         """Start from zero (a forked child, whose parent exports the points it inherited)."""
         self._lock = threading.Lock()
         self._series = [{} for _ in INSTRUMENTS]
+        self._bound = {}
+        self._retired = []
+        self._retired_before = []
 
 
 class AggregatingReader(PeriodicExportingMetricReader):
@@ -263,29 +412,166 @@ class AggregatingReader(PeriodicExportingMetricReader):
         super()._set_collect_callback(collect)  # type: ignore[arg-type]
 
     def merge(self, collected: MetricsData | None) -> MetricsData | None:
-        ours = self._aggregation.collect(self._temporality)
-        if not ours:
-            return collected
-        if collected is None or not collected.resource_metrics:
-            return MetricsData(
-                resource_metrics=[
-                    ResourceMetrics(
-                        resource=self._resource,
-                        scope_metrics=[ScopeMetrics(scope=self._scope, metrics=ours, schema_url="")],
-                        schema_url=self._resource.schema_url,
-                    )
-                ]
-            )
-        resource_metrics = collected.resource_metrics[0]
-        for scope_metrics in resource_metrics.scope_metrics:
-            if scope_metrics.scope.name == self._scope.name:
-                cast(list[Metric], scope_metrics.metrics).extend(ours)
-                break
-        else:
-            cast(list[ScopeMetrics], resource_metrics.scope_metrics).append(
-                ScopeMetrics(scope=self._scope, metrics=ours, schema_url="")
-            )
+        return merge(collected, self._aggregation.collect(self._temporality), self._resource, self._scope)
+
+
+def merge(
+    collected: MetricsData | None, ours: list[Metric], resource: Resource, scope: InstrumentationScope
+) -> MetricsData | None:
+    """The SDK's collection with our points added under `scope`: in a `MetricsData` of our own, on
+    `resource`, when the SDK collected nothing (no gauge reported)."""
+    if not ours:
         return collected
+    if collected is None or not collected.resource_metrics:
+        return MetricsData(
+            resource_metrics=[
+                ResourceMetrics(
+                    resource=resource,
+                    scope_metrics=[ScopeMetrics(scope=scope, metrics=ours, schema_url="")],
+                    schema_url=resource.schema_url,
+                )
+            ]
+        )
+    resource_metrics = collected.resource_metrics[0]
+    for scope_metrics in resource_metrics.scope_metrics:
+        if scope_metrics.scope.name == scope.name:
+            cast(list[Metric], scope_metrics.metrics).extend(ours)
+            break
+    else:
+        cast(list[ScopeMetrics], resource_metrics.scope_metrics).append(
+            ScopeMetrics(scope=scope, metrics=ours, schema_url="")
+        )
+    return collected
+
+
+# --- on the application's own MeterProvider ------------------------------------------------------------
+
+_EXEMPLAR_FILTERS = {
+    "TraceBasedExemplarFilter": "trace_based",
+    "AlwaysOnExemplarFilter": "always_on",
+    "AlwaysOffExemplarFilter": "always_off",
+}
+_SDK_DEFAULT_LIMIT = 2000
+
+
+def _unfit(provider: Any) -> str | None:
+    """Why our aggregation cannot stand in for the SDK's on this provider without changing what its
+    readers export; None when it can. Anything unusual keeps the SDK's instruments."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    if not isinstance(provider, MeterProvider):
+        return "not the SDK's MeterProvider"
+    config = getattr(provider, "_sdk_config", None)
+    readers = getattr(provider, "_metric_readers", None)
+    if config is None or readers is None or getattr(provider, "_disabled", True):
+        return "a MeterProvider of a shape this version does not know, or disabled"
+    if getattr(config, "views", None):
+        return "views (they may rename, drop or re-bucket llmspans' instruments)"
+    configurator = getattr(provider, "_meter_configurator", None)
+    if configurator is None or getattr(configurator, "__name__", "") != "_default_meter_configurator":
+        return "a meter configurator"
+    if type(config.exemplar_filter).__name__ not in _EXEMPLAR_FILTERS:
+        return "an exemplar filter of its own"
+    if not readers:
+        return "no reader"
+    for reader in readers:
+        if isinstance(reader, AggregatingReader) or not callable(getattr(reader, "_collect", None)):
+            return "a reader that collects differently"
+        chosen = _by_kind(getattr(reader, "_instrument_class_aggregation", {}))
+        if not _our_histograms(chosen.get(HISTOGRAM)) or not isinstance(
+            chosen.get(COUNTER), DefaultAggregation
+        ):
+            return "a reader that asks for other aggregations (exponential histograms, say)"
+        limits = _by_kind(getattr(reader, "_instrument_class_cardinality_limit", {}))
+        if any(limits.get(kind, _SDK_DEFAULT_LIMIT) != CARDINALITY_LIMIT for kind in (HISTOGRAM, COUNTER)):
+            return "a reader with other cardinality limits"
+    return None
+
+
+def _our_histograms(chosen: Any) -> bool:
+    """Whether a reader's histogram aggregation gives what ours does: explicit buckets on the instrument's
+    own (advisory) boundaries, with min and max (what the OTLP exporters ask for by default)."""
+    if isinstance(chosen, DefaultAggregation):
+        return True
+    return (
+        type(chosen) is ExplicitBucketHistogramAggregation
+        and getattr(chosen, "_boundaries", ()) is None
+        and getattr(chosen, "_record_min_max", False) is True
+    )
+
+
+class _Fanout:
+    """One aggregation per reader of the application's provider (each collects on its own schedule and
+    temporality), recorded together."""
+
+    def __init__(self, aggregations: Sequence[Aggregation]) -> None:
+        self._first = aggregations[0]
+        self._all = tuple(aggregations)
+        self.trace_based = self._first.trace_based
+
+    def sample(self, span: trace.Span, time_ns: int) -> Sample | None:
+        return self._first.sample(span, time_ns)
+
+    def add(self, records: Sequence[tuple[InstrumentSpec, float, Labels]], sample: Sample | None) -> None:
+        for aggregation in self._all:
+            aggregation.add(records, sample)
+
+    def add_call(self, metrics: CallMetrics, values: Sequence[float], sample: Sample | None) -> None:
+        for aggregation in self._all:
+            aggregation.add_call(metrics, values, sample)
+
+    def chunk_recorder(self, labels: Labels, sample: Sample | None) -> Callable[[int], None] | None:
+        return None
+
+    def add_distribution(
+        self, spec: InstrumentSpec, labels: Labels, counts: Sequence[int], total: float, low: float, high: float,
+        lasts: Sequence[float], sample: Sample | None,
+    ) -> None:  # fmt: skip
+        for aggregation in self._all:
+            aggregation.add_distribution(spec, labels, counts, total, low, high, lasts, sample)
+
+
+def attach(provider: Any, scope: InstrumentationScope) -> Aggregation | _Fanout | None:
+    """Aggregate llmspans' histograms and counters ourselves on the application's own MeterProvider,
+    adding the points to each of its readers' collections; None when it does not fit (`_unfit`): the
+    SDK's instruments record them then.
+
+    The same private hook as `AggregatingReader` (the reader's collect function), set on readers the
+    application made: each reader exports exactly what the SDK's instruments would have given it,
+    in its own temporality, on the provider's resource.
+    """
+    reason = _unfit(provider)
+    if reason is not None:
+        logger.debug(
+            "llmspans: the SDK's instruments record llmspans' metrics on this MeterProvider: %s", reason
+        )
+        return None
+    exemplars = _EXEMPLAR_FILTERS[type(provider._sdk_config.exemplar_filter).__name__]
+    aggregations = []
+    for reader in provider._metric_readers:
+        aggregation = Aggregation(exemplars=exemplars)
+        _hook(reader, aggregation, provider, scope)
+        aggregations.append(aggregation)
+        if hasattr(os, "register_at_fork"):
+            forget = weakref.WeakMethod(aggregation.forget_all)
+            os.register_at_fork(after_in_child=lambda forget=forget: (method := forget()) and method())
+    return aggregations[0] if len(aggregations) == 1 else _Fanout(aggregations)
+
+
+def _hook(reader: Any, aggregation: Aggregation, provider: Any, scope: InstrumentationScope) -> None:
+    sdk_collect = reader._collect
+    temporalities = _by_kind(reader._instrument_class_temporality)
+
+    def temporality(spec: InstrumentSpec) -> AggregationTemporality:
+        chosen = temporalities.get(spec.kind)
+        return chosen if isinstance(chosen, AggregationTemporality) else AggregationTemporality.CUMULATIVE
+
+    def collect(collecting: Any, *args: Any, **kwargs: Any) -> MetricsData | None:
+        collected = sdk_collect(collecting, *args, **kwargs)
+        # The provider's resource now (after a fork the SDK gives the child one of its own).
+        return merge(collected, aggregation.collect(temporality), provider._sdk_config.resource, scope)
+
+    reader._collect = collect
 
 
 def _by_kind(per_class: Mapping[type[Any], Any]) -> dict[str, Any]:

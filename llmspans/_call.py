@@ -19,14 +19,16 @@ import threading
 import time
 import weakref
 from bisect import bisect_left
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _deferred, _phases, _suppress, _telemetry
+from llmspans import _budget, _deferred, _guard, _phases, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans import _sites as sites
@@ -38,11 +40,12 @@ from llmspans._gaps import _SUB as _SKETCH_SUB
 from llmspans._gaps import _SUB_BITS as _SKETCH_SUB_BITS
 from llmspans._gaps import GapSketch
 from llmspans._guard import check_fault, guarded, report
-from llmspans._stages import current_turn
+from llmspans._stages import TurnTotals, current_turn
 
 if TYPE_CHECKING:
     from llmspans._limiter import Admission, Limiter
 
+T = TypeVar("T")
 _CHUNK_BOUNDS = metric.CHUNK_BOUNDARIES_NS
 _CHUNK_BUCKETS = len(_CHUNK_BOUNDS) + 1
 # Outcomes that end while the client waits on the server: what follows the last chunk is the server's.
@@ -50,35 +53,62 @@ _SERVER_ENDED = frozenset({names.OUTCOME_ERROR, names.OUTCOME_CANCELLED})
 
 
 class Attempt:
-    """One HTTP attempt as the transport saw it; the facts its span (if it gets one) is made from."""
+    """One HTTP attempt as the transport saw it; the facts its span (if it gets one) is made from.
 
-    __slots__ = (
-        "body_done_ns", "cause", "connect_ns", "connected_ns", "ended_ns", "error_type", "method",
-        "new_connection", "resend_count", "response", "span", "started_ns", "status", "url",
-    )  # fmt: skip
+    What most attempts keep as it starts out are class defaults: `__init__` runs on every attempt.
+    """
+
+    connect_ns = 0
+    new_connection = False
+    status: int | None = None
+    cause: str | None = None
+    error_type: str | None = None
+    body_done_ns: int | None = None
+    ended_ns: int | None = None
+    resend_count = 0
+    span: Span | None = None  # only where it says something: see `_transport`
+    response: Any = None  # the client library's response object, once its headers came
 
     def __init__(self, started_ns: int, method: str = "POST", url: Any = None) -> None:
         self.started_ns = started_ns
         self.connected_ns = started_ns  # when the connection was ready; == start for a reused one
-        self.connect_ns = 0
-        self.new_connection = False
-        self.status: int | None = None
-        self.cause: str | None = None
-        self.error_type: str | None = None
-        self.body_done_ns: int | None = None
-        self.ended_ns: int | None = None
         self.method = method
         self.url = url
-        self.resend_count = 0
-        self.span: Span | None = None  # only where it says something: see `_transport`
-        self.response: Any = None  # the client library's response object, once its headers came
 
 
 # Two paths ending one call at once (a stream's end in one thread, its close in another) are rare:
 # one lock for all calls makes the check-and-set atomic without a lock per call.
 _finish_lock = threading.Lock()
+
+
+class OpenSet(Generic[T]):
+    """Objects not yet ended, held weakly, for an exit hook to end; `add` and `discard` run per call.
+
+    A `weakref.WeakSet` in C operations only (its own methods are Python): a weak reference by `id`,
+    dropped when the object ends. One collected without ending leaves a dead reference behind until its
+    `id` is reused (a failure of llmspans' own; it costs a dictionary entry).
+    """
+
+    __slots__ = ("_live",)
+
+    def __init__(self) -> None:
+        self._live: dict[int, weakref.ref[T]] = {}
+
+    def add(self, item: T) -> None:
+        self._live[id(item)] = weakref.ref(item)
+
+    def discard(self, item: T) -> None:
+        self._live.pop(id(item), None)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter([item for ref in list(self._live.values()) if (item := ref()) is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for ref in list(self._live.values()) if ref() is not None)
+
+
 # Calls not yet finished, so the exit hook can end the ones still open (a stream the app never closed).
-_open_calls: weakref.WeakSet[CallRecord] = weakref.WeakSet()
+_open_calls: OpenSet[CallRecord] = OpenSet()
 
 
 def end_open_calls() -> None:
@@ -102,7 +132,6 @@ class CallRecord:
     first_chunk_ns = 0
     last_chunk_ns = 0
     released_ns: int | None = None
-    chunks = 0
     input_tokens: int | None = None
     output_tokens: int | None = None
     cache_read_tokens: int | None = None
@@ -148,6 +177,16 @@ class CallRecord:
     chunk_labels: metric.Labels | None = None
     gap_min = 0
     gap_max = 0
+    _context: Context | None = None
+    # The adapter put the call's context in the request's headers before the client built them.
+    context_sent = False
+    attempt_spans_always = False
+    turn: TurnTotals | None = None
+    # A call nobody listens to (no provider, or suppressed) records nothing: these stay as they are.
+    suppressed = True
+    span: Span = INVALID_SPAN
+    recording = False
+    budget: float | None = None
 
     def __init__(
         self,
@@ -162,6 +201,7 @@ class CallRecord:
         budget: float | None = None,
         attempt_spans_always: bool = False,
         called_ns: int | None = None,
+        sinks: Any = _telemetry.LOOK_UP,
     ) -> None:
         now = self.queued_ns = time.perf_counter_ns()
         self.wall_anchor_ns = time.time_ns()
@@ -170,15 +210,23 @@ class CallRecord:
             self.build_ns = build = now - called_ns
             self.wall_anchor_ns -= build
         self.attempts: list[Attempt] = []
-        self.attempt_spans_always = attempt_spans_always
+        if attempt_spans_always:
+            self.attempt_spans_always = True
         self.stream = stream
+        turn = current_turn.get()
+        if turn is not None:
+            self.turn = turn
+        shape = self.shape = _shape_of(operation, model, provider, stream, server_address, server_port)
+        if sinks is _telemetry.LOOK_UP:  # `sinks`: what the caller looked up just now (`recording_sinks`)
+            sinks = _telemetry.recording_sinks()
+        if sinks is None:
+            # Nobody listens (no provider installed), or the context asks for silence: no span, no
+            # metric, no `traceparent`; a limiter still admits the call (the class defaults say the rest).
+            return
+        self.suppressed = False
         _open_calls.add(self)
         self.budget = _budget.registry.resolve(names.STAGE_LLM, budget)
-        self.turn = current_turn.get()
-        shape = self.shape = _shape_of(operation, model, provider, stream, server_address, server_port)
-        self.suppressed = _suppress.suppressed()
-        tracer = _suppress.NOOP_TRACER if self.suppressed else _telemetry.tracer()
-        span = self.span = tracer.start_span(
+        span = self.span = sinks[0].start_span(
             shape.span_name,
             kind=SpanKind.CLIENT,
             attributes=shape.span_attributes,
@@ -247,6 +295,14 @@ class CallRecord:
         if self.server_state is not None and self.recording:
             self.span.set_attributes(self.server_state())
 
+    def context(self) -> Context:
+        """A context holding the call's span: the parent of its attempts and phases, and what its request
+        is sent under (made once)."""
+        found = self._context
+        if found is None:
+            found = self._context = trace.set_span_in_context(self.span)
+        return found
+
     def attempt(self, started_ns: int, method: str = "POST", url: Any = None) -> Attempt:
         attempt = Attempt(started_ns, method, url)
         self.attempts.append(attempt)
@@ -261,7 +317,6 @@ class CallRecord:
         """
         last = self.last_chunk_ns
         self.last_chunk_ns = now_ns
-        self.chunks += 1
         if not last:
             self.first_chunk_ns = now_ns
             return
@@ -273,19 +328,18 @@ class CallRecord:
             self.gap_min = gap
         elif gap > self.gap_max:
             self.gap_max = gap
-        live = self.chunk_live
-        if live is None:
-            index = bisect_left(_CHUNK_BOUNDS, gap)
-            counts[index] += 1
-            self.chunk_lasts[index] = gap  # type: ignore[index]
-        else:
-            live(gap)
+        index = bisect_left(_CHUNK_BOUNDS, gap)
+        counts[index] += 1  # (the chunks are these gaps and the first chunk: `chunks`)
+        lasts = self.chunk_lasts
+        if lasts is not None:  # the exemplars' values: the last gap in each bucket
+            lasts[index] = gap
+        elif self.chunk_live is not None:  # the SDK's instrument records each gap itself
+            self.chunk_live(gap)
         gaps = self.gaps
         if gaps is not None:
-            if tokens == 1:  # `GapSketch.add`, inlined: this runs once per chunk
+            if tokens == 1:  # `GapSketch.add`, inlined (its count is taken at the end): once per chunk
                 if gap > gaps.max_ns:
                     gaps.max_ns = gap
-                gaps.count += 1
                 if gap < _SKETCH_LINEAR:
                     gaps.counts[gap] += 1
                 else:
@@ -302,13 +356,24 @@ class CallRecord:
                 for _ in range(tokens):
                     gaps.add(per_token)
 
+    @property
+    def chunks(self) -> int:
+        """Content chunks so far: the first, and one per gap counted after it."""
+        counts = self.chunk_counts
+        if counts is not None:
+            return 1 + sum(counts)
+        return 1 if self.first_chunk_ns else 0
+
     def _first_gap(self, gap: int) -> list[int]:
-        """The second chunk: the per-chunk histogram's attributes are those known now (no error yet)."""
+        """The second chunk: the per-chunk histogram's attributes are those known now (no error yet).
+
+        Whoever records the gaps decides what is kept per chunk: the SDK's instrument takes each
+        (`chunk_live`); llmspans' aggregation takes the counts at the end, with the last gap per bucket
+        for the exemplars where there can be any (a sampled span, or a filter that wants them all).
+        """
         self.gap_min = self.gap_max = gap
-        self.chunk_lasts = [0] * _CHUNK_BUCKETS
         counts = self.chunk_counts = [0] * _CHUNK_BUCKETS
         if self.suppressed:
-            self.chunk_live = _ignore_gap
             return counts
         self.chunk_labels = self.shape.chunk_labels(self.response_model)
         try:
@@ -316,18 +381,21 @@ class CallRecord:
             self.chunk_live = recorder.chunk_recorder(
                 self.chunk_labels, recorder.sample(self.span, self.wall_ns(self.last_chunk_ns))
             )
+            if self.chunk_live is None and (self.recording or not recorder.trace_based):
+                self.chunk_lasts = [0] * _CHUNK_BUCKETS
         except Exception as failure:
             report(sites.CALL_CHUNK_METRIC, failure)
             self.chunk_live = _ignore_gap
         return counts
 
     def set_usage(self, input_tokens: Any, output_tokens: Any, cache_read_tokens: Any = None) -> None:
-        """Record token counts the server reported; anything that is not a count is ignored."""
-        if isinstance(input_tokens, int) and not isinstance(input_tokens, bool) and input_tokens >= 0:
+        """Record token counts the server reported; anything that is not a count (an int, not a bool) is
+        ignored."""
+        if type(input_tokens) is int and input_tokens >= 0:
             self.input_tokens = input_tokens
-        if isinstance(output_tokens, int) and not isinstance(output_tokens, bool) and output_tokens >= 0:
+        if type(output_tokens) is int and output_tokens >= 0:
             self.output_tokens = output_tokens
-        if isinstance(cache_read_tokens, int) and not isinstance(cache_read_tokens, bool):
+        if type(cache_read_tokens) is int:
             self.cache_read_tokens = cache_read_tokens
 
     def set_response(
@@ -338,9 +406,10 @@ class CallRecord:
             self.response_id = response_id
         if isinstance(model, str) and model:
             self.response_model = model
-        reasons = tuple(str(reason) for reason in finish_reasons if reason)
-        if reasons:
-            self.finish_reasons = reasons
+        if finish_reasons:
+            reasons = tuple(str(reason) for reason in finish_reasons if reason)
+            if reasons:
+                self.finish_reasons = reasons
 
     def choice_finished(self, index: Any, reason: Any) -> None:
         """One streamed choice's finish reason (choices finish in separate chunks when n > 1)."""
@@ -370,15 +439,13 @@ class CallRecord:
         in `first_token` before any chunk came; a non-streamed body not read to its end counts
         in `first_token` up to the failure.
         """
+        return dict(zip(names.BUCKETS, self.bucket_values_ns(released_ns, outcome), strict=True))
+
+    def bucket_values_ns(self, released_ns: int, outcome: str = names.OUTCOME_COMPLETED) -> tuple[int, ...]:
+        """`buckets_ns` as a tuple in `names.BUCKETS` order (queue, retry, connect, first_token,
+        stream, post): what the finish path uses."""
         queued, built, a, b, c, d, e, f, released = self.instants_ns(released_ns, outcome)
-        return {
-            "queue": a - built,
-            "retry": c - b,
-            "connect": d - c,
-            "first_token": e - d + (b - a) + (built - queued),
-            "stream": f - e,
-            "post": released - f,
-        }
+        return a - built, c - b, d - c, e - d + (b - a) + (built - queued), f - e, released - f
 
     def instants_ns(self, released_ns: int, outcome: str = names.OUTCOME_COMPLETED) -> tuple[int, ...]:
         """The instants that bound the buckets, in order: called, the request built (it reached the
@@ -403,6 +470,8 @@ class CallRecord:
         else:  # the body read to its end is the server's last byte; until then the client waited on it
             first = last = body_done if body_done is not None else released_ns
         released = released_ns
+        if built <= admitted <= first_start <= final_start <= connected <= first <= last <= released:
+            return queued, built, admitted, first_start, final_start, connected, first, last, released
         built = released if built > released else built
         a = admitted if admitted > built else built
         a = released if a > released else a
@@ -426,7 +495,7 @@ class CallRecord:
         """
         if self.finished:
             return
-        if _deferred.collecting():
+        if _deferred.collecting_thread and _deferred.collecting():
             _deferred.defer(self.finish, outcome, error, now_ns or time.perf_counter_ns())
             return
         with _finish_lock:
@@ -443,13 +512,17 @@ class CallRecord:
             # The body ended, but nothing said the answer was over (a server failing after its 200).
             outcome = names.OUTCOME_ERROR
             self.error_type = names.ERROR_INCOMPLETE_STREAM
-        _open_calls.discard(self)
         released = now_ns if now_ns is not None else time.perf_counter_ns()
         self.released_ns = released
+        if self.suppressed:  # nothing to write or end
+            if self.on_release is not None:
+                self._release()
+            return
+        _open_calls.discard(self)
         try:
-            check_fault(sites.CALL_FINISH)
-            if not self.suppressed:
-                self._write(outcome, error, released)
+            if _guard._faults:
+                check_fault(sites.CALL_FINISH)
+            self._write(outcome, error, released)
         except Exception as failure:  # what @guarded does, without its extra frame on every call
             report(sites.CALL_FINISH, failure)
         finally:
@@ -474,9 +547,11 @@ class CallRecord:
             self.error_type = str(final_status)  # the last attempt failed, so did the call
         elif outcome == names.OUTCOME_ERROR and self.error_type is None:
             self.error_type = "error"
-        buckets = self.buckets_ns(released, outcome)
-        duration_ns = released - self.queued_ns
-        exceeded = _budget.record_on_span(self.span, self.budget, duration_ns)
+        # `bucket_values_ns`, inlined
+        queued, built, a, b, c, d, e, f, _ = self.instants_ns(released, outcome)
+        buckets = (a - built, c - b, d - c, e - d + (b - a) + (built - queued), f - e, released - f)
+        duration_ns = released - queued
+        exceeded = self.budget is not None and _budget.record_on_span(self.span, self.budget, duration_ns)
         if self.recording:
             self._write_span(outcome, buckets, final_status)
             # Phase spans only where someone will look (a slow call): a fast call pays this comparison.
@@ -489,15 +564,20 @@ class CallRecord:
         if self.turn is not None:
             self.turn.add(names.STAGE_LLM, duration_ns)
 
-    def _write_span(self, outcome: str, buckets: Mapping[str, int], final_status: int | None) -> None:
+    def _write_span(self, outcome: str, buckets: tuple[int, ...], final_status: int | None) -> None:
         """The call span's attributes and events; only for a span that records (docs/telemetry.md lists
         which attributes are left out when they carry nothing)."""
         span = self.span
-        attributes: dict[str, AttributeValue] = {
-            attribute: buckets[bucket] / 1e9  # `seconds`, inlined
-            for attribute, bucket in zip(names.BUCKET_ATTRIBUTES, names.BUCKETS, strict=True)
+        queue, retry, connect, first_token, stream, post = buckets
+        attributes: dict[str, AttributeValue] = {  # `seconds`, inlined
+            _QUEUE_ATTRIBUTE: queue / 1e9,
+            _RETRY_ATTRIBUTE: retry / 1e9,
+            _CONNECT_ATTRIBUTE: connect / 1e9,
+            _FIRST_TOKEN_ATTRIBUTE: first_token / 1e9,
+            _STREAM_ATTRIBUTE: stream / 1e9,
+            _POST_ATTRIBUTE: post / 1e9,
+            names.BUCKET_DOMINANT: names.BUCKETS[buckets.index(max(buckets))],  # ties: the earlier
         }
-        attributes[names.BUCKET_DOMINANT] = max(names.BUCKETS, key=buckets.__getitem__)  # ties: the earlier
         attempts = self.attempts
         if len(attempts) > 1:
             failed = attempts[:-1]
@@ -530,11 +610,13 @@ class CallRecord:
                 ):
                     span.add_event(event, {names.ELAPSED: seconds(at - self.queued_ns)}, self.wall_ns(at))
             gaps = self.gaps
+            if gaps is not None:
+                gaps.count = sum(gaps.counts)  # not counted chunk by chunk (`content_chunk`)
             if gaps is not None and gaps.count:
                 attributes[names.ITL_P50] = seconds(gaps.quantile_ns(0.5))
                 attributes[names.ITL_P95] = seconds(gaps.quantile_ns(0.95))
                 attributes[names.ITL_MAX] = seconds(gaps.max_ns)
-            speed = self.output_speed(buckets["stream"])
+            speed = self.output_speed(stream)
             if speed is not None:
                 attributes[names.OUTPUT_TOKENS_PER_SECOND] = speed
         if self.response_id:
@@ -573,44 +655,60 @@ class CallRecord:
             return None
         return (tokens - 1) / seconds(stream_ns)
 
-    def _record_metrics(self, buckets: Mapping[str, int], duration_ns: int, exceeded: bool) -> None:
+    def _record_metrics(self, buckets: tuple[int, ...], duration_ns: int, exceeded: bool) -> None:
+        """The call's values, in the order of its `CallMetrics` (`_CallShape.call_metrics`): the six
+        buckets' and the duration's always, the others (`_HAS_...`) where the call has them."""
         shape = self.shape
-        common, input_labels, output_labels = shape.result_labels(self.response_model, self.error_type)
-        duration = seconds(duration_ns)
-        records: list[metric.Record] = [
-            (metric.OPERATION_DURATION, duration, common),
-            (metric.STAGE_DURATION, duration, _LLM_STAGE),
-        ]
-        bucket_duration = metric.BUCKET_DURATION
-        for bucket, labels in shape.bucket_labels:
-            records.append((bucket_duration, buckets[bucket] / 1e9, labels))  # `seconds`, inlined
+        duration = duration_ns / 1e9  # `seconds`, inlined
+        queue, retry, connect, first_token, stream, post = buckets
+        values: list[float] = [
+            duration, duration, queue / 1e9, retry / 1e9, connect / 1e9, first_token / 1e9, stream / 1e9,
+            post / 1e9,
+        ]  # fmt: skip
+        has = 0
         if self.input_tokens is not None:
-            records.append((metric.TOKEN_USAGE, self.input_tokens, input_labels))
+            values.append(self.input_tokens)
+            has = _HAS_INPUT_TOKENS
         if self.output_tokens is not None:
-            records.append((metric.TOKEN_USAGE, self.output_tokens, output_labels))
+            values.append(self.output_tokens)
+            has |= _HAS_OUTPUT_TOKENS
         if self.stream and self.first_chunk_ns:
-            records.append(
-                (metric.TIME_TO_FIRST_CHUNK, seconds(self.first_chunk_ns - self.issued_ns()), common)
-            )
-            speed = self.output_speed(buckets["stream"])
+            values.append((self.first_chunk_ns - self.issued_ns()) / 1e9)
+            has |= _HAS_FIRST_CHUNK
+            speed = self.output_speed(stream)
             if speed is not None:
-                records.append((metric.STREAM_OUTPUT_SPEED, speed, common))
-        for attempt in self.attempts[:-1]:
-            records.append((metric.RETRY_ATTEMPTS, 1, shape.retry_labels(attempt.cause or "unknown")))
+                values.append(speed)
+                has |= _HAS_SPEED
+        attempts = self.attempts
         opened = 0
-        for attempt in self.attempts:
+        for attempt in attempts:
             if attempt.new_connection:
                 opened += 1
         if opened:
-            records.append((metric.CONNECT_NEW, opened, shape.metric_labels))
+            values.append(opened)
+            has |= _HAS_NEW_CONNECTIONS
         if exceeded:
-            records.append((metric.BUDGET_EXCEEDED, 1, _LLM_STAGE))
+            values.append(1)
+            has |= _HAS_OVERRUN
         recorder = _telemetry.recorder()
-        sample = recorder.sample(self.span, self.wall_ns(self.released_ns or self.queued_ns))
-        recorder.add(records, sample)
+        # A span that does not record was not sampled: a trace-based exemplar filter takes nothing from it.
+        sample = (
+            recorder.sample(self.span, self.wall_ns(self.released_ns or self.queued_ns))
+            if self.recording or not recorder.trace_based
+            else None
+        )
+        recorder.add_call(shape.call_metrics(self.response_model, self.error_type, has), values, sample)
+        if len(attempts) > 1:
+            recorder.add(
+                [
+                    (metric.RETRY_ATTEMPTS, 1, shape.retry_labels(attempt.cause or "unknown"))
+                    for attempt in attempts[:-1]
+                ],
+                sample,
+            )
         counts = self.chunk_counts
         if counts is not None and self.chunk_live is None and self.chunk_labels is not None:
-            lasts = self.chunk_lasts or ()
+            lasts = self.chunk_lasts or [0] * _CHUNK_BUCKETS  # no exemplar will need them
             recorder.add_distribution(
                 metric.TIME_PER_OUTPUT_CHUNK, self.chunk_labels, counts,
                 seconds(self.last_chunk_ns - self.first_chunk_ns), seconds(self.gap_min), seconds(self.gap_max),
@@ -623,6 +721,12 @@ def _ignore_gap(_gap_ns: int) -> None:
 
 
 _LLM_STAGE = metric.Labels({names.STAGE: names.STAGE_LLM})
+# Which of a call's optional values it has (a `CallMetrics` per combination, so no value is ever None).
+_HAS_INPUT_TOKENS, _HAS_OUTPUT_TOKENS, _HAS_FIRST_CHUNK, _HAS_SPEED, _HAS_NEW_CONNECTIONS, _HAS_OVERRUN = (
+    1, 2, 4, 8, 16, 32,
+)  # fmt: skip
+(_QUEUE_ATTRIBUTE, _RETRY_ATTRIBUTE, _CONNECT_ATTRIBUTE, _FIRST_TOKEN_ATTRIBUTE, _STREAM_ATTRIBUTE,
+ _POST_ATTRIBUTE) = names.BUCKET_ATTRIBUTES  # fmt: skip
 _KEPT = 256  # distinct call shapes (and result variants of one shape) cached at once
 
 
@@ -637,6 +741,7 @@ class _CallShape:
     __slots__ = (
         "_chunks",
         "_lanes",
+        "_metrics",
         "_results",
         "_retries",
         "bucket_labels",
@@ -659,6 +764,7 @@ class _CallShape:
             for bucket in names.BUCKETS
         )
         self._results: dict[tuple[str | None, str | None], tuple[metric.Labels, ...]] = {}
+        self._metrics: dict[tuple[str | None, str | None, int], metric.CallMetrics] = {}
         self._chunks: dict[str | None, metric.Labels] = {}
         self._retries: dict[str, metric.Labels] = {}
         self._lanes: dict[str, _CallShape] = {}
@@ -681,6 +787,36 @@ class _CallShape:
             if len(self._results) >= _KEPT:
                 self._results.clear()
             self._results[key] = found
+        return found
+
+    def call_metrics(
+        self, response_model: str | None, error_type: str | None, has: int
+    ) -> metric.CallMetrics:
+        """The series a call of this shape and result records into, in `_record_metrics`' order: the
+        operation's and the stage's duration, the six buckets, then those `has` says (`_HAS_...`)."""
+        key = (response_model, error_type, has)
+        found = self._metrics.get(key)
+        if found is None:
+            common, input_labels, output_labels = self.result_labels(response_model, error_type)
+            members = [
+                (metric.OPERATION_DURATION, common),
+                (metric.STAGE_DURATION, _LLM_STAGE),
+                *((metric.BUCKET_DURATION, labels) for _, labels in self.bucket_labels),
+            ]
+            for bit, member in (
+                (_HAS_INPUT_TOKENS, (metric.TOKEN_USAGE, input_labels)),
+                (_HAS_OUTPUT_TOKENS, (metric.TOKEN_USAGE, output_labels)),
+                (_HAS_FIRST_CHUNK, (metric.TIME_TO_FIRST_CHUNK, common)),
+                (_HAS_SPEED, (metric.STREAM_OUTPUT_SPEED, common)),
+                (_HAS_NEW_CONNECTIONS, (metric.CONNECT_NEW, self.metric_labels)),
+                (_HAS_OVERRUN, (metric.BUDGET_EXCEEDED, _LLM_STAGE)),
+            ):
+                if has & bit:
+                    members.append(member)
+            found = metric.CallMetrics(members)
+            if len(self._metrics) >= _KEPT:
+                self._metrics.clear()
+            self._metrics[key] = found
         return found
 
     def chunk_labels(self, response_model: str | None) -> metric.Labels:

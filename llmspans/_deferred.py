@@ -37,7 +37,9 @@ from llmspans._guard import report
 _work: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
 _worker: threading.Thread | None = None
 _start_lock = threading.Lock()
-_collecting_thread = 0  # the thread the collector runs in, while it runs
+collecting_thread = 0
+"""The thread the collector runs in, while it runs; 0 otherwise (so `collecting_thread and collecting()`
+costs one lookup on the request path)."""
 
 
 def defer(work: Callable[..., Any], *args: Any) -> None:
@@ -47,7 +49,7 @@ def defer(work: Callable[..., Any], *args: Any) -> None:
 
 def collecting() -> bool:
     """Whether the collector is running in this thread (so whatever runs now may be a finalizer)."""
-    return _collecting_thread == get_ident()
+    return collecting_thread == get_ident()
 
 
 def start_worker() -> None:
@@ -87,8 +89,8 @@ def settle(timeout: float = 10.0) -> bool:
 
 
 def _on_collection(phase: str, _info: dict[str, Any]) -> None:
-    global _collecting_thread
-    _collecting_thread = get_ident() if phase == "start" else 0
+    global collecting_thread
+    collecting_thread = get_ident() if phase == "start" else 0
 
 
 def _after_fork_in_child() -> None:

@@ -400,8 +400,9 @@ class _CountingSpanProcessor(BatchSpanProcessor):
         try:
             batch = self._batch_processor
             queue = batch._queue
-            if (span.context is not None and span.context.trace_flags.sampled) and (
-                batch._shutdown or len(queue) == queue.maxlen
+            # A full queue (or a shut one) is rare: the span's flags are read only then.
+            if (len(queue) == queue.maxlen or batch._shutdown) and (
+                span.context is not None and span.context.trace_flags.sampled
             ):
                 self._health.skipped(1)
         except Exception:  # counting must never stop a span from being queued

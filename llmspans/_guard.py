@@ -24,6 +24,8 @@ D = TypeVar("D")
 _reported: set[str] = set()
 _reported_lock = threading.Lock()
 _faults: set[str] = set()
+"""The sites a test made fail; empty otherwise, so `if _guard._faults: check_fault(site)` costs the request
+path one lookup (read through the module: a test may swap the set for one that counts)."""
 
 
 class InjectedFault(RuntimeError):

@@ -135,14 +135,35 @@ class Sample:
 Record = tuple[InstrumentSpec, float, Labels]
 
 
+class CallMetrics:
+    """The metric series one kind of call records into, in a fixed order, built once per call shape and
+    result (`_call._CallShape.result`) and shared by every call of it.
+
+    A call hands its values in the same order, one for each member, so a recorder can resolve each
+    series once per kind of call, not once per value (`Recorder.add_call`). An instance is a key by
+    identity.
+    """
+
+    __slots__ = ("__weakref__", "members")
+
+    def __init__(self, members: Sequence[tuple[InstrumentSpec, Labels]]) -> None:
+        self.members = tuple(members)
+
+
 class Recorder(Protocol):
     """Where llmspans' histogram and counter values go (`_telemetry.recorder()` says which)."""
+
+    trace_based: bool
+    """Exemplars come only from sampled spans (so a span that does not record needs no `sample`)."""
 
     def sample(self, span: trace.Span, time_ns: int) -> Sample | None:
         """The exemplar source for values recorded for `span`, or None when none may be taken."""
 
     def add(self, records: Sequence[Record], sample: Sample | None) -> None:
         """Record a call's, stage's or turn's values together."""
+
+    def add_call(self, metrics: CallMetrics, values: Sequence[float], sample: Sample | None) -> None:
+        """Record one call's values, one per member of `metrics`."""
 
     def chunk_recorder(self, labels: Labels, sample: Sample | None) -> Callable[[int], None] | None:
         """A per-chunk recorder of gaps (ns) for `time_per_output_chunk`; None: the stream counts them
@@ -160,6 +181,8 @@ _EMPTY_CONTEXT = otel_context.Context()
 
 class SdkRecorder:
     """Records through the SDK instruments of a meter: the application's own MeterProvider path."""
+
+    trace_based = False  # the SDK's exemplar filter decides, from every call's context
 
     def __init__(self, meter: metrics.Meter) -> None:
         self._instruments: list[Any] = []
@@ -186,6 +209,12 @@ class SdkRecorder:
         context = sample.context if sample is not None else _EMPTY_CONTEXT
         instruments = self._instruments
         for spec, value, labels in records:
+            instruments[spec.index](value, labels.attributes, context=context)
+
+    def add_call(self, metrics: CallMetrics, values: Sequence[float], sample: Sample | None) -> None:
+        context = sample.context if sample is not None else _EMPTY_CONTEXT
+        instruments = self._instruments
+        for (spec, labels), value in zip(metrics.members, values, strict=True):
             instruments[spec.index](value, labels.attributes, context=context)
 
     def chunk_recorder(self, labels: Labels, sample: Sample | None) -> Callable[[int], None] | None:

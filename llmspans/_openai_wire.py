@@ -29,6 +29,7 @@ __all__ = [
     "fields",
     "input_messages",
     "operation_for",
+    "read_outcome",
     "read_payload",
     "request_attributes",
     "response_attributes",
@@ -79,9 +80,22 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Every request key `request_attributes` reads: a body with none of them (model and messages, say) is
+# done with at once.
+_REQUEST_KEYS = frozenset(
+    {
+        "max_tokens", "max_completion_tokens", "max_output_tokens", "temperature", "top_p", "top_k",
+        "frequency_penalty", "presence_penalty", "n", "seed", "stop", "response_format", "text",
+        "service_tier", "encoding_format", "dimensions", "conversation",
+    }
+)  # fmt: skip
+
+
 def request_attributes(body: Mapping[str, Any]) -> dict[str, Any]:
     """What the request asked for, under the GenAI (and OpenAI) names; only what it set."""
     attributes: dict[str, Any] = {}
+    if _REQUEST_KEYS.isdisjoint(body):
+        return attributes
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", body.get("max_output_tokens")))
     if _is_int(max_tokens):
         attributes[names.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
@@ -265,6 +279,29 @@ def read_payload(payload: Any) -> ChunkInfo:
     return _completion(top)
 
 
+def read_outcome(payload: Any) -> ChunkInfo:
+    """`read_payload` for a reader that captures no content: the same response id, model, finish
+    reasons, usage and attributes, without reading the answer's text (the per-call path of a sampled
+    call). A Responses `response` object is read by `read_payload` itself."""
+    top = fields(payload)
+    if top.get("object") == "response" or top.get("output") is not None:
+        return read_payload(payload)
+    info = ChunkInfo(response_id=_text(top.get("id")), model=_text(top.get("model")))
+    info.attributes = response_attributes(top)
+    choices = top.get("choices")
+    if isinstance(choices, list):
+        reasons, indexes = info.finish_reasons, info.finish_indexes
+        for raw_choice in choices:
+            choice = fields(raw_choice)
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str):
+                reasons.append(reason)
+                index = choice.get("index")
+                indexes.append(index if type(index) is int else len(indexes))
+    _read_usage(top.get("usage"), info)
+    return info
+
+
 def _load(data: str | bytes) -> dict[str, Any] | None:
     try:
         obj = json.loads(data)
@@ -417,14 +454,29 @@ def read_usage(usage: Any) -> tuple[int | None, int | None, int | None]:
     counts = fields(usage)
     if not counts:
         return None, None, None
-    input_tokens = _first_count(counts.get("prompt_tokens"), counts.get("input_tokens"))
-    output_tokens = _first_count(counts.get("completion_tokens"), counts.get("output_tokens"))
+    get = counts.get  # `_first_count` and `_count`, inlined: this runs on every call
+    input_tokens = get("prompt_tokens")
+    if type(input_tokens) is not int or input_tokens < 0:
+        input_tokens = get("input_tokens")
+        if type(input_tokens) is not int or input_tokens < 0:
+            input_tokens = None
+    output_tokens = get("completion_tokens")
+    if type(output_tokens) is not int or output_tokens < 0:
+        output_tokens = get("output_tokens")
+        if type(output_tokens) is not int or output_tokens < 0:
+            output_tokens = None
     cached = None
-    for key in ("prompt_tokens_details", "input_tokens_details"):
-        cached = _count(fields(counts.get(key)).get("cached_tokens"))
-        if cached is not None:
-            break
+    for key in _CACHED_IN:
+        details = get(key)
+        if details is not None:
+            cached = fields(details).get("cached_tokens")
+            if type(cached) is int and cached >= 0:
+                break
+            cached = None
     return input_tokens, output_tokens, cached
+
+
+_CACHED_IN = ("prompt_tokens_details", "input_tokens_details")
 
 
 def _read_usage(usage: Any, info: ChunkInfo) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llmspans import _content, _openai_wire
+from llmspans import _content, _openai_wire, _telemetry
 from llmspans._call import CallRecord
 from llmspans._limiter import Limiter
 
@@ -60,23 +60,27 @@ class Settings:
             self.server_metrics.close()
 
     def new_record(
-        self, operation: str, body: Mapping[str, Any], stream: bool, url: Any, called_ns: int | None = None
-    ) -> CallRecord:
+        self, operation: str, body: Mapping[str, Any], stream: bool, url: Any, called_ns: int | None = None,
+        sinks: Any = _telemetry.LOOK_UP,
+    ) -> CallRecord:  # fmt: skip
         """A call record for one request of this client, from its JSON body and the server's URL;
-        `called_ns` is when the app called the client library, if earlier than now."""
+        `called_ns` is when the app called the client library, if earlier than now; `sinks` what the
+        caller found to record into (`_telemetry.recording_sinks`), if it looked."""
         model = body.get("model")
         record = CallRecord(
             operation=operation,
             model=model if isinstance(model, str) else None,
             provider=self.provider,
             stream=stream,
-            request_attributes=lambda: _openai_wire.request_attributes(body),  # only for a span that records
             server_address=url.host,
             server_port=url.port or (443 if url.scheme == "https" else 80),
             budget=self.budget,
             attempt_spans_always=(self.attempt_spans or _configured_attempt_spans) == "always",
             called_ns=called_ns,
+            sinks=sinks,
         )
+        if record.recording:  # what the request asked for, only for a span someone will see
+            record.span.set_attributes(_openai_wire.request_attributes(body))
         if self.phase_spans is not None:
             record.phase_spans = self.phase_spans
         sampler = self.server_metrics

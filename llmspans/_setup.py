@@ -320,11 +320,12 @@ def _set_up(
             export_interval_millis=interval_ms or DEFAULT_METRIC_INTERVAL_MS,
         )  # fmt: skip
         meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
-        metrics.set_meter_provider(meter_provider)
-        if reader.takes_explicit_histograms():
-            _telemetry.aggregate_with(aggregation)  # else the exporter wants other histograms: the SDK's
-        else:
+        if reader.takes_explicit_histograms():  # before it is installed: no call may record elsewhere
+            _telemetry.aggregate_with(meter_provider, aggregation)
+        else:  # the exporter wants other histograms: the SDK's
             notes.append("the metric exporter asks for non-explicit histograms: the SDK aggregates them")
+        metrics.set_meter_provider(meter_provider)
+        _telemetry.pick_up_providers()  # the gauges are registered now, not at the first call
         _forget_metrics_in_a_forked_child(meter_provider, reader, aggregation)
 
     # atexit runs last-registered first: ending the calls still open is registered after the

@@ -28,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _deferred, _openinference, _suppress, _telemetry
+from llmspans import _budget, _deferred, _guard, _openinference, _suppress, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans import _sites as sites
@@ -77,11 +77,14 @@ def _record_exception(span: Span, error: BaseException) -> None:
 class _Scope:
     """One stage execution: starts its span, and on finish writes budget, totals and metrics once."""
 
-    __slots__ = ("budget", "context", "done", "labels", "span", "stage", "started_ns", "suppressed", "turn")
+    __slots__ = (
+        "budget", "context", "done", "labels", "sinks", "span", "stage", "started_ns", "suppressed", "turn",
+    )  # fmt: skip
 
     def __init__(
         self, stage: str, span_name: str, attributes: Mapping[str, AttributeValue], budget: float | None,
         labels: metric.Labels, openinference_attributes: Mapping[str, AttributeValue],
+        sinks: _telemetry.Sinks | None = None,
     ) -> None:  # fmt: skip
         if _openinference.enabled:
             attributes = openinference_attributes
@@ -93,9 +96,11 @@ class _Scope:
         outer = (
             otel_context.get_current()
         )  # looked up once: the suppress switch, the parent, the span's context
-        self.suppressed = _suppress.suppressed_in(outer)
-        tracer = _suppress.NOOP_TRACER if self.suppressed else _telemetry.tracer()
-        self.span = tracer.start_span(span_name, context=outer, kind=SpanKind.INTERNAL, attributes=attributes)
+        self.suppressed = suppressed = sinks is None or _suppress.suppressed_in(outer)
+        self.sinks = sinks
+        self.span = (_suppress.NOOP_TRACER if suppressed else sinks[0]).start_span(  # type: ignore[index]
+            span_name, context=outer, kind=SpanKind.INTERNAL, attributes=attributes
+        )
         self.context = trace.set_span_in_context(self.span, outer)
         self.started_ns = time.perf_counter_ns()
 
@@ -104,7 +109,9 @@ class _Scope:
     ) -> None:
         if self.done:
             return
-        if _deferred.collecting():  # a generator closed by the collector: a finalizer (see `_deferred`)
+        if (
+            _deferred.collecting_thread and _deferred.collecting()
+        ):  # a generator closed by the collector: a finalizer (see `_deferred`)
             _deferred.defer(
                 functools.partial(self.finish, error, cut=cut, at_ns=at_ns or time.perf_counter_ns())
             )
@@ -112,7 +119,8 @@ class _Scope:
         self.done = True
         elapsed_ns = (at_ns if at_ns is not None else time.perf_counter_ns()) - self.started_ns
         try:
-            check_fault(sites.STAGE_FINISH)
+            if _guard._faults:
+                check_fault(sites.STAGE_FINISH)
             if not self.suppressed:
                 self._write(elapsed_ns, error, cut)
         except Exception as failure:  # what @guarded does, without its extra frame on every call
@@ -125,24 +133,45 @@ class _Scope:
 
     def _write(self, elapsed_ns: int, error: BaseException | None, cut: bool) -> None:
         span = self.span
-        if span.is_recording():
+        recording = span.is_recording()
+        if recording:
             if error is not None:
                 _record_exception(span, error)
             if cut:
                 span.set_attribute(names.BUDGET_CUT, True)
-        exceeded = _budget.record_on_span(span, self.budget, elapsed_ns)
-        _record_stage(span, self.labels, elapsed_ns, exceeded)
+        exceeded = self.budget is not None and _budget.record_on_span(span, self.budget, elapsed_ns)
+        _record_stage(span, self.labels, elapsed_ns, exceeded, self.sinks[1], recording)  # type: ignore[index]
         if self.turn is not None:
             self.turn.add(self.stage, elapsed_ns)
 
 
-def _record_stage(span: Span, labels: metric.Labels, elapsed_ns: int, exceeded: bool) -> None:
-    """A stage's or turn's duration (and an overrun), with the span's exemplar."""
-    recorder = _telemetry.recorder()
-    records: list[metric.Record] = [(metric.STAGE_DURATION, seconds(elapsed_ns), labels)]
+def _record_stage(
+    span: Span,
+    labels: metric.Labels,
+    elapsed_ns: int,
+    exceeded: bool,
+    recorder: metric.Recorder | None = None,
+    recording: bool | None = None,
+) -> None:
+    """A stage's or turn's duration (and an overrun), with the span's exemplar (a span that does not
+    record gives none where exemplars come from sampled spans only)."""
+    if recorder is None:
+        recorder = _telemetry.recorder()
+    if recording is None:
+        recording = span.is_recording()
+    sample = recorder.sample(span, time.time_ns()) if recording or not recorder.trace_based else None
+    recorder.add_call(
+        _stage_metrics(labels, exceeded), (elapsed_ns / 1e9, 1) if exceeded else (elapsed_ns / 1e9,), sample
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _stage_metrics(labels: metric.Labels, exceeded: bool) -> metric.CallMetrics:
+    """The series of a stage (and of its overrun), built once per stage name."""
+    members = [(metric.STAGE_DURATION, labels)]
     if exceeded:
-        records.append((metric.BUDGET_EXCEEDED, 1, labels))
-    recorder.add(records, recorder.sample(span, time.time_ns()))
+        members.append((metric.BUDGET_EXCEEDED, labels))
+    return metric.CallMetrics(members)
 
 
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
@@ -250,9 +279,12 @@ class _StageSpec:
         return functools.wraps(func)(_sync_wrapper(func, scope))  # type: ignore[return-value]
 
 
-def _sync_wrapper(func: Callable[..., Any], scope: Callable[[], _Scope]) -> Callable[..., Any]:
+def _sync_wrapper(func: Callable[..., Any], scope: Callable[..., _Scope]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        current = scope()
+        sinks = _telemetry.sinks()
+        if sinks is None:  # nothing listens: nothing to time
+            return func(*args, **kwargs)
+        current = scope(sinks)
         token = otel_context.attach(current.context)
         try:
             result = func(*args, **kwargs)
@@ -267,9 +299,12 @@ def _sync_wrapper(func: Callable[..., Any], scope: Callable[[], _Scope]) -> Call
     return wrapper
 
 
-def _async_wrapper(func: Callable[..., Any], scope: Callable[[], _Scope]) -> Callable[..., Any]:
+def _async_wrapper(func: Callable[..., Any], scope: Callable[..., _Scope]) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        current = scope()
+        sinks = _telemetry.sinks()
+        if sinks is None:  # nothing listens: nothing to time
+            return await func(*args, **kwargs)
+        current = scope(sinks)
         token = otel_context.attach(current.context)
         try:
             result = await func(*args, **kwargs)
@@ -285,10 +320,10 @@ def _async_wrapper(func: Callable[..., Any], scope: Callable[[], _Scope]) -> Cal
 
 
 def _cancelling_wrapper(
-    func: Callable[..., Any], scope: Callable[[], _Scope], spec: _StageSpec
+    func: Callable[..., Any], scope: Callable[..., _Scope], spec: _StageSpec
 ) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        current = scope()
+        current = scope(_telemetry.sinks())
         budget = current.budget
         token = otel_context.attach(current.context)
         try:
@@ -325,11 +360,11 @@ def _cancelling_wrapper(
 
 
 def _gen_wrapper(
-    func: Callable[..., Generator[Any, Any, Any]], scope: Callable[[], _Scope]
+    func: Callable[..., Generator[Any, Any, Any]], scope: Callable[..., _Scope]
 ) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
         _deferred.start_worker()  # before a collected generator can need it
-        current = scope()
+        current = scope(_telemetry.sinks())
         ctx = current.context
         inner: Generator[Any, Any, Any] | None = None
         to_send: Any = None
@@ -367,11 +402,11 @@ def _gen_wrapper(
 
 
 def _async_gen_wrapper(
-    func: Callable[..., AsyncGenerator[Any, Any]], scope: Callable[[], _Scope]
+    func: Callable[..., AsyncGenerator[Any, Any]], scope: Callable[..., _Scope]
 ) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         _deferred.start_worker()  # before a collected generator can need it
-        current = scope()
+        current = scope(_telemetry.sinks())
         ctx = current.context
         inner: AsyncGenerator[Any, Any] | None = None
         to_send: Any = None

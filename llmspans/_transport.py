@@ -21,7 +21,6 @@ import functools
 import importlib
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
@@ -30,12 +29,12 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from llmspans import _deferred, _retries, _telemetry
+from llmspans import _deferred, _guard, _retries, _telemetry
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import seconds
-from llmspans._call import Attempt, CallRecord
-from llmspans._guard import check_fault, guarded, report, swallow
+from llmspans._call import Attempt, CallRecord, OpenSet
+from llmspans._guard import check_fault, report, swallow
 from llmspans._limiter import Limiter
 from llmspans._names import PROVIDER_VLLM
 
@@ -118,7 +117,7 @@ def cause_of(error: BaseException) -> str:
 
 
 # Attempts whose body is still open, so the exit hook can end them before the providers flush.
-_open_attempts: weakref.WeakSet[_AttemptScope] = weakref.WeakSet()
+_open_attempts: OpenSet[_AttemptScope] = OpenSet()
 
 
 def end_open_attempts() -> None:
@@ -140,7 +139,7 @@ class _AttemptScope:
 
     __slots__ = (
         "__weakref__", "attempt", "closed", "connect_started_ns", "observer", "owns_call", "record",
-        "retry_after_s", "sdk_retries",
+        "retry_after_s", "sdk_retries", "tracked",
     )  # fmt: skip
 
     def __init__(
@@ -153,29 +152,41 @@ class _AttemptScope:
         self.closed = False
         self.sdk_retries = False  # the openai SDK sent it and will retry it if it fails (see `_retries`)
         self.retry_after_s: float | None = None
-        _open_attempts.add(self)
         self.connect_started_ns = 0
         attempts = record.attempts
-        attempt = self.attempt = record.attempt(now, request.method, request.url)
-        attempt.resend_count = len(attempts) - 1
+        attempt = self.attempt = Attempt(now, request.method, request.url)
+        attempts.append(attempt)
+        resend = attempt.resend_count = len(attempts) - 1
         if owns_call:  # a plain client's call sees one attempt: the SDK above it says which retry this is
             header = request.headers.get(_RETRY_HEADER)
             if header and header.isdigit():
-                attempt.resend_count = len(attempts) - 1 if len(attempts) > 1 else int(header)
+                attempt.resend_count = resend if resend else int(header)
                 self.sdk_retries = True
+        # The exit hook ends what only this attempt would end: a plain call, a raw body's reader, a span.
+        self.tracked = tracked = owns_call or observer is not None
+        if tracked:
+            _open_attempts.add(self)
         if record.suppressed:
             return  # no span, and no traceparent sent
-        parent = record.span
-        if record.recording and (record.attempt_spans_always or len(attempts) > 1):
+        context = record.context()
+        if record.recording and (record.attempt_spans_always or resend):
             first = attempts[0]
             if first is not attempt and first.span is None:  # made now, with its real start and end
                 first.span = _start_attempt_span(record, first)
                 _end_attempt_span(record, first, first.span, None)
-            parent = attempt.span = _start_attempt_span(record, attempt)
-        with swallow(sites.TRANSPORT_INJECT):  # a raising propagator must not reach the app
-            _inject(
-                request.headers, trace.set_span_in_context(parent), record.shape.provider == PROVIDER_VLLM
-            )
+            attempt.span = _start_attempt_span(record, attempt)
+            context = trace.set_span_in_context(attempt.span)
+            if not tracked:
+                self.tracked = True
+                _open_attempts.add(self)
+        elif record.context_sent:
+            return  # the adapter put the call's context in the request's headers (`openai_sdk`)
+        try:  # a raising propagator must not reach the app (`swallow`, inlined: it runs on every call)
+            _inject(request.headers, context, record.shape.provider == PROVIDER_VLLM)
+            if _guard._faults:
+                check_fault(sites.TRANSPORT_INJECT)
+        except Exception as failure:
+            report(sites.TRANSPORT_INJECT, failure)
 
     def on_trace_event(self, event: str) -> None:
         if event == "connection.connect_tcp.started":
@@ -186,9 +197,9 @@ class _AttemptScope:
             self.attempt.connected_ns = now
             self.attempt.connect_ns = now - (self.connect_started_ns or self.attempt.started_ns)
 
-    @guarded(sites.TRANSPORT_RESPONSE, None)
     def responded(self, status: int, headers: Any, decoded: bool = False) -> None:
-        """The response headers came; `decoded`: the body the observer will get is already decoded."""
+        """The response headers came; `decoded`: the body the observer will get is already decoded.
+        (`_Transport._answered` guards it: `sites.TRANSPORT_RESPONSE`.)"""
         attempt = self.attempt
         attempt.status = status
         if status >= 400:
@@ -231,11 +242,12 @@ class _AttemptScope:
         """
         if self.closed:
             return
-        if _deferred.collecting():
+        if _deferred.collecting_thread and _deferred.collecting():
             _deferred.defer(self.close, error, at_ns or time.perf_counter_ns())
             return
         self.closed = True
-        _open_attempts.discard(self)
+        if self.tracked:
+            _open_attempts.discard(self)
         now = at_ns if at_ns is not None else time.perf_counter_ns()
         attempt = self.attempt
         attempt.ended_ns = now
@@ -285,6 +297,11 @@ class _AttemptScope:
 _W3C = TraceContextTextMapPropagator()
 
 
+def inject(carrier: dict[str, str], record: CallRecord) -> None:
+    """The call's own trace context into `carrier`, as an attempt without a span of its own sends it."""
+    _inject(carrier, record.context(), record.shape.provider == PROVIDER_VLLM)
+
+
 def _inject(headers: Any, context: Context, w3c_too: bool) -> None:
     """The global propagator's headers; for vLLM also W3C `traceparent`, the only one it reads."""
     propagate.inject(headers, context=context)
@@ -305,7 +322,7 @@ def _start_attempt_span(record: CallRecord, attempt: Attempt) -> Span:
     if attempt.resend_count:
         attributes[names.HTTP_REQUEST_RESEND_COUNT] = attempt.resend_count
     return _telemetry.tracer().start_span(
-        attempt.method, context=trace.set_span_in_context(record.span), kind=SpanKind.CLIENT,
+        attempt.method, context=record.context(), kind=SpanKind.CLIENT,
         attributes=attributes, start_time=record.wall_ns(attempt.started_ns),
     )  # fmt: skip
 
@@ -432,8 +449,12 @@ class _SyncBody(_Body):
         try:
             self._inner.close()
         finally:
-            with swallow(sites.TRANSPORT_CLOSE):  # the app's own close must not see our failure
+            try:  # the app's own close must not see our failure (`swallow`, inlined)
                 self._scope.close()
+                if _guard._faults:
+                    check_fault(sites.TRANSPORT_CLOSE)
+            except Exception as failure:
+                report(sites.TRANSPORT_CLOSE, failure)
 
 
 class _AsyncBody(_Body):
@@ -460,8 +481,12 @@ class _AsyncBody(_Body):
         try:
             await self._inner.aclose()
         finally:
-            with swallow(sites.TRANSPORT_CLOSE):
+            try:  # `swallow`, inlined
                 self._scope.close()
+                if _guard._faults:
+                    check_fault(sites.TRANSPORT_CLOSE)
+            except Exception as failure:
+                report(sites.TRANSPORT_CLOSE, failure)
 
 
 def _observe(observer: BodyObserver, chunk: bytes, now_ns: int) -> None:
@@ -481,7 +506,8 @@ class _Transport:
         """The call this request belongs to: the adapter's, or a new one a plain client's request opens
         (True: the transport owns it); None: not an LLM call, or llmspans failed and stands aside."""
         try:
-            check_fault(sites.TRANSPORT_BEGIN)
+            if _guard._faults:
+                check_fault(sites.TRANSPORT_BEGIN)
             record = active_call.get()
             if record is None:
                 plain = self._plain
@@ -506,7 +532,8 @@ class _Transport:
     ) -> _AttemptScope | None:
         record, observer, owns = opened
         try:
-            check_fault(sites.TRANSPORT_ATTEMPT)
+            if _guard._faults:
+                check_fault(sites.TRANSPORT_ATTEMPT)
             scope = _AttemptScope(record, request, owns, observer)
             _chain_trace(request, scope, is_async)
             return scope
@@ -518,10 +545,16 @@ class _Transport:
 
     def _answered(self, scope: _AttemptScope, response: Any, body: type[_Body]) -> None:
         scope.attempt.response = response  # what an adapter reads if the SDK fails after it (a parse)
-        if getattr(response, "is_stream_consumed", False):
+        whole = getattr(response, "is_stream_consumed", False)
+        try:  # `guarded`, inlined: this runs on every attempt
+            if _guard._faults:
+                check_fault(sites.TRANSPORT_RESPONSE)
+            scope.responded(response.status_code, response.headers, whole)
+        except Exception as failure:
+            report(sites.TRANSPORT_RESPONSE, failure)
+        if whole:
             # The body came whole and already read (`Response(200, content=...)`: a MockTransport
             # handler, a test fake, a cache): no read or close of it will ever reach us.
-            scope.responded(response.status_code, response.headers, decoded=True)
             try:
                 check_fault(sites.TRANSPORT_READ_BODY)
                 scope.read_whole(response)
@@ -530,9 +563,12 @@ class _Transport:
                 with swallow(sites.TRANSPORT_CLOSE):  # unread or not, the attempt (and its call) ends
                     scope.close()
             return
-        scope.responded(response.status_code, response.headers)
-        with swallow(sites.TRANSPORT_WRAP_BODY):
+        try:  # `swallow`, inlined
             response.stream = body(response.stream, scope)
+            if _guard._faults:
+                check_fault(sites.TRANSPORT_WRAP_BODY)
+        except Exception as failure:
+            report(sites.TRANSPORT_WRAP_BODY, failure)
 
 
 class _SyncTransport(_Transport):

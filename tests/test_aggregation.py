@@ -269,3 +269,109 @@ def test_a_turn_s_duration_has_the_turn_span_as_its_exemplar(
         for exemplar in point.exemplars
     ]
     assert exemplars == turns
+
+
+# --- the application's own MeterProvider: our aggregation behind its readers ---------------------------
+
+
+def through_the_applications_provider(
+    temporality: AggregationTemporality, rounds: int, workload: Callable[[int], None] = play, readers: int = 1
+) -> list[list[MetricsData]]:
+    """An application's MeterProvider (in-memory readers), llmspans' aggregation attached to each reader;
+    what each reader collected after each round."""
+    made = [
+        InMemoryMetricReader(preferred_temporality={Histogram: temporality, Counter: temporality})
+        for _ in range(readers)
+    ]
+    provider = MeterProvider(metric_readers=made)
+    collected: list[list[MetricsData]] = [[] for _ in made]
+    with tracing() as tracer_provider:
+        recorder = _telemetry._recorder_of(provider)
+        assert not isinstance(recorder, _metrics.SdkRecorder)  # our aggregation stands in for the SDK's
+        _telemetry._override = (tracer_provider.get_tracer("llmspans"), recorder)  # type: ignore[attr-defined]
+        for round_number in range(rounds):
+            workload(round_number)
+            for reader, kept in zip(made, collected, strict=True):
+                data = reader.get_metrics_data()
+                assert data is not None
+                kept.append(data)
+    provider.shutdown()
+    return collected
+
+
+def assert_same_points(expected_rounds: list[MetricsData], got_rounds: list[MetricsData]) -> None:
+    for sdk_round, our_round in zip(expected_rounds, got_rounds, strict=True):
+        expected, got = points(sdk_round), points(our_round)
+        assert sorted(got) == sorted(expected)
+        for key, shown in expected.items():
+            mine = dict(got[key])
+            if "exemplar_spans" in shown:  # a counter's one exemplar is a random pick among its spans
+                assert len(mine.pop("exemplar_spans")) == len(shown["exemplar_spans"]) == 1
+                shown = {k: v for k, v in shown.items() if k != "exemplar_spans"}
+            assert mine == shown, key
+
+
+@pytest.mark.parametrize("temporality", sorted(TEMPORALITIES))
+def test_on_the_applications_provider_our_aggregation_exports_what_its_instruments_would(
+    temporality: str,
+) -> None:
+    chosen = TEMPORALITIES[temporality]
+    (ours,) = through_the_applications_provider(chosen, rounds=3)
+    assert_same_points(through_the_sdk(chosen, rounds=3), ours)
+
+
+def test_every_reader_of_the_applications_provider_gets_every_point() -> None:
+    expected = through_the_sdk(AggregationTemporality.CUMULATIVE, rounds=2)
+    for collected in through_the_applications_provider(AggregationTemporality.CUMULATIVE, 2, readers=2):
+        assert_same_points(expected, collected)
+
+
+def many_calls(round_number: int) -> None:
+    """More calls of one kind than one batch holds (`_aggregation._BATCH`), durations spread over the
+    buckets and all of them in one, token counts that vary, some over their budget; then 600 stages."""
+    for index in range(300):
+        record = CallRecord(
+            operation="chat", model="m", provider="openai", stream=False, budget=0.5,
+            server_address="127.0.0.1", server_port=8000,
+        )  # fmt: skip
+        t = record.queued_ns
+        attempt = record.attempt(t)
+        attempt.new_connection = index % 7 == 0
+        spread = (index * 37 + round_number) % 900 if index % 3 else 3
+        attempt.body_done_ns = t + spread * MS
+        record.set_usage(5 + index % 4, index % 11)
+        record.finish("completed", now_ns=t + (spread + 1) * MS)
+    tracer = _telemetry.tracer()
+    for index in range(600):
+        span = tracer.start_span("stage")
+        _stages._record_stage(span, _stages._stage_labels("work"), (index % 50) * MS, index % 50 > 40)
+        span.end()
+
+
+@pytest.mark.parametrize("temporality", sorted(TEMPORALITIES))
+def test_values_aggregated_in_batches_are_the_points_the_sdk_makes_of_them(temporality: str) -> None:
+    chosen = TEMPORALITIES[temporality]
+    (ours,) = through_the_applications_provider(chosen, 2, many_calls)
+    assert_same_points(through_the_sdk(chosen, 2, many_calls), ours)
+    assert_same_points(through_the_sdk(chosen, 2, many_calls), through_our_aggregation(chosen, 2, many_calls))
+
+
+def test_a_provider_our_aggregation_cannot_stand_in_for_keeps_the_sdk_instruments() -> None:
+    """Views may rename, drop or re-bucket llmspans' instruments, and a reader may ask for exponential
+    histograms: there the SDK's instruments record, so the application gets what it configured."""
+    from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
+
+    with_views = MeterProvider(
+        metric_readers=[InMemoryMetricReader()], views=[View(instrument_name=names.METRIC_OPERATION_DURATION)]
+    )
+    exponential = MeterProvider(
+        metric_readers=[
+            InMemoryMetricReader(preferred_aggregation={Histogram: ExponentialBucketHistogramAggregation()})
+        ]
+    )
+    for provider in (with_views, exponential):
+        assert isinstance(_telemetry._recorder_of(provider), _metrics.SdkRecorder)
+        provider.shutdown()
+    plain = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    assert _telemetry._recorder_of(plain) is _telemetry._recorder_of(plain)  # attached once, gauges once
+    plain.shutdown()

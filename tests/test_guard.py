@@ -170,7 +170,10 @@ def server_state(url: str) -> Any:
 
 
 def exit_hooks(url: str) -> Any:
-    client = llmspans.instrument(openai.OpenAI(base_url=url, api_key="k", max_retries=0))
+    # An attempt with a span of its own: the exit hook visits attempts that have something to end.
+    client = llmspans.instrument(
+        openai.OpenAI(base_url=url, api_key="k", max_retries=0), attempt_spans="always"
+    )
     stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
     first = next(iter(stream)).id is not None
     _transport.end_open_attempts()  # what the exit hooks run, before the providers flush

@@ -40,7 +40,7 @@ def broken(*args: Any, **kwargs: Any) -> Any:
         (_call.CallRecord, "content_chunk", None),
         (_call.CallRecord, "set_usage", None),
         (_call.CallRecord, "_record_metrics", None),
-        (_call.CallRecord, "buckets_ns", None),
+        (_call.CallRecord, "instants_ns", None),
         (_transport._AttemptScope, "on_trace_event", None),
         (_transport, "_end_attempt_span", "always"),  # only an attempt that has a span gets there
     ],

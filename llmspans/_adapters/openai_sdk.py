@@ -19,9 +19,8 @@ from typing import Any
 
 import wrapt
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 
-from llmspans import _content, _openai_wire, _transport
+from llmspans import _content, _guard, _openai_wire, _telemetry, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._adapters import openai_entry
@@ -147,6 +146,21 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
     return False
 
 
+def _chat_text_item(reading: _Reading, item: Any, now: int) -> bool:
+    """`_chat_item` for a call that captures no content, with a shortcut for the chunk nearly all of a
+    stream is: one choice whose delta carries text, no finish reason, no usage, not the first chunk."""
+    choices = item.choices
+    if choices and len(choices) == 1 and item.usage is None:
+        choice = choices[0]
+        delta = choice.delta
+        if delta is not None and delta.content and not choice.finish_reason:
+            record = reading.record
+            if record.response_id is not None:
+                record.content_chunk(now)
+                return False
+    return _chat_item(reading, item, now)
+
+
 def _tokens_in(record: CallRecord, usage: Any) -> int:
     """Tokens a content chunk carried, from cumulative usage on every chunk (vLLM's continuous stats)."""
     total = getattr(usage, "completion_tokens", None)
@@ -190,11 +204,11 @@ def _responses_item(reading: _Reading, item: Any, now: int) -> bool:
     return False
 
 
-def _item_reader(operation_path: str) -> Callable[[_Reading, Any, int], bool]:
+def _item_reader(operation_path: str, capture: bool = True) -> Callable[[_Reading, Any, int], bool]:
     if operation_path.endswith("/responses"):
         return _responses_item
     if operation_path.endswith("/chat/completions"):
-        return _chat_item
+        return _chat_item if capture else _chat_text_item
     return _completion_item
 
 
@@ -208,6 +222,9 @@ def _read_result(reading: _Reading, result: Any) -> None:
         usage = top.get("usage")
         if usage is not None:
             _usage(record, usage)
+        return
+    if reading.output is None:  # no content to capture: the answer's text is not read
+        _apply(record, _openai_wire.read_outcome(result))
         return
     info = _openai_wire.read_payload(result)
     _apply(reading.record, info)
@@ -295,16 +312,7 @@ class OpenAIInstrumentation:
                 OpenAIInstrumentation(copied, shared).install()
         return copied
 
-    def _begin(self, options: Any) -> tuple[_Reading, Any] | None:
-        """Open the call for one request (None: not an LLM call, or llmspans failed and stands aside)."""
-        try:
-            check_fault(sites.OPENAI_BEGIN)
-            return self._open(options)
-        except Exception as failure:
-            report(sites.OPENAI_BEGIN, failure)
-            return None
-
-    def _open(self, options: Any) -> tuple[_Reading, Any] | None:
+    def _open(self, options: Any, sinks: _telemetry.Sinks | None) -> tuple[_Reading, Any] | None:
         url = getattr(options, "url", "")
         operation = _openai_wire.operation_for(url) if isinstance(url, str) else None
         if operation is None:
@@ -326,7 +334,9 @@ class OpenAIInstrumentation:
             options = options.model_copy()
             options.json_data = {**options.json_data, "stream_options": {"include_usage": True}}
             hide_usage = True
-        record = self.settings.new_record(operation, body, stream, self.client.base_url, called_at.get())
+        record = self.settings.new_record(
+            operation, body, stream, self.client.base_url, called_at.get(), sinks
+        )
         capture = _content.resolve(self.settings.capture_content) if record.recording else False
         reading = _Reading(record, url.rstrip("/"), hide_usage, capture)
         if raw:
@@ -336,16 +346,27 @@ class OpenAIInstrumentation:
                 _content.write_input(record, capture, body)
         return reading, options
 
+    def _hand_over(self, reading: _Reading, result: Any) -> Any:
+        """What both twins do after their I/O: the object the caller gets (the SDK's own when llmspans
+        failed, the call then ended)."""
+        wrapped = self._wrap_result(reading, result)
+        if wrapped is None:  # our own failure: the caller still gets the SDK's object
+            reading.record.finish(names.OUTCOME_COMPLETED)
+            return result
+        return wrapped
+
     def _wrap_result(self, reading: _Reading, result: Any) -> Any:
         """The object to hand the caller: a stream proxy, a raw-response proxy, or the result itself;
         None when llmspans failed (the caller then gets the SDK's object)."""
         try:
-            check_fault(sites.OPENAI_RESULT)
+            if _guard._faults:
+                check_fault(sites.OPENAI_RESULT)
             if isinstance(result, self._stream_types):
                 proxy: type[Any] = (
                     AsyncStreamProxy if isinstance(result, self._stream_types[1]) else SyncStreamProxy
                 )
-                on_item = functools.partial(_item_reader(reading.operation), reading)  # called once per chunk
+                reader = _item_reader(reading.operation, reading.output is not None)
+                on_item = functools.partial(reader, reading)  # called once per chunk
                 return proxy(result, reading.record, on_item, functools.partial(_finish, reading))
             if isinstance(result, self._raw_types):
                 return self._wrap_raw(reading, result)
@@ -385,11 +406,18 @@ class OpenAIInstrumentation:
         return RawProxy(raw)
 
     def _lead_in(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], sinks: _telemetry.Sinks | None
     ) -> tuple[_Reading, tuple[Any, ...], dict[str, Any]] | None:
-        """What both twins do before their I/O: open the call, and pass on the (maybe amended) options."""
+        """What both twins do before their I/O: open the call, and pass on the (maybe amended) options;
+        None: not an LLM call, or llmspans failed and stands aside."""
         options = args[1] if len(args) > 1 else kwargs.get("options")
-        begun = self._begin(options)
+        try:
+            if _guard._faults:
+                check_fault(sites.OPENAI_BEGIN)
+            begun = self._open(options, sinks)
+        except Exception as failure:
+            report(sites.OPENAI_BEGIN, failure)
+            return None
         if begun is None:
             return None
         reading, options = begun
@@ -399,46 +427,49 @@ class OpenAIInstrumentation:
             kwargs["options"] = options
         return reading, args, kwargs
 
-    def _hand_over(self, reading: _Reading, result: Any) -> Any:
-        """What both twins do after their I/O: the object the caller gets."""
-        wrapped = self._wrap_result(reading, result)
-        if wrapped is None:  # our own failure: the caller still gets the SDK's object
-            reading.record.finish(names.OUTCOME_COMPLETED)
-            return result
-        return wrapped
-
     def _sync_request(self, *args: Any, **kwargs: Any) -> Any:
-        begun = self._lead_in(args, kwargs)
+        sinks = _telemetry.recording_sinks()
+        if sinks is None and self.settings.limiter is None:
+            return self._original_request(*args, **kwargs)  # nothing to record, no slot to hold
+        begun = self._lead_in(args, kwargs, sinks)
         if begun is None:
             return self._original_request(*args, **kwargs)
         reading, args, kwargs = begun
         if self.settings.limiter is not None:
             reading.record.admit(self.settings.limiter)  # a limiter timeout is the caller's error to see
-        tokens = _enter(reading.record)
+        # The call is current while the SDK sends it: for the transport, and as the parent of spans.
+        record = reading.record
+        call_token, context_token = _transport.active_call.set(record), otel_context.attach(record.context())
         try:
             result = self._original_request(*args, **kwargs)
         except BaseException as error:
             _failed(reading, error)
             raise
         finally:
-            _leave(tokens)
+            otel_context.detach(context_token)
+            _transport.active_call.reset(call_token)
         return self._hand_over(reading, result)
 
     async def _async_request(self, *args: Any, **kwargs: Any) -> Any:
-        begun = self._lead_in(args, kwargs)
+        sinks = _telemetry.recording_sinks()
+        if sinks is None and self.settings.limiter is None:
+            return await self._original_request(*args, **kwargs)  # nothing to record, no slot to hold
+        begun = self._lead_in(args, kwargs, sinks)
         if begun is None:
             return await self._original_request(*args, **kwargs)
         reading, args, kwargs = begun
         if self.settings.limiter is not None:
             await reading.record.admit_async(self.settings.limiter)
-        tokens = _enter(reading.record)
+        record = reading.record
+        call_token, context_token = _transport.active_call.set(record), otel_context.attach(record.context())
         try:
             result = await self._original_request(*args, **kwargs)
         except BaseException as error:
             _failed(reading, error)
             raise
         finally:
-            _leave(tokens)
+            otel_context.detach(context_token)
+            _transport.active_call.reset(call_token)
         return self._hand_over(reading, result)
 
 
@@ -449,16 +480,6 @@ def _raw_mode(options: Any) -> str | None:
         return None
     mode = headers.get(_RAW_RESPONSE_HEADER, headers.get(_RAW_RESPONSE_HEADER.lower()))
     return mode if isinstance(mode, str) else None
-
-
-def _enter(record: CallRecord) -> tuple[Any, Any]:
-    """Make the call current while the SDK sends it: for the transport, and as the parent of spans."""
-    return _transport.active_call.set(record), otel_context.attach(trace.set_span_in_context(record.span))
-
-
-def _leave(tokens: tuple[Any, Any]) -> None:
-    otel_context.detach(tokens[1])
-    _transport.active_call.reset(tokens[0])
 
 
 class _RawResponseProxy(wrapt.ObjectProxy[Any]):

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from llmspans import _content, _openai_wire, _retries, _transport
+from llmspans import _content, _openai_wire, _retries, _telemetry, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._adapters.body_readers import JsonObserver, StreamObserver
@@ -70,6 +70,9 @@ class OpenAIPathCalls:
     def begin(self, request: Any) -> tuple[CallRecord, Any] | None:
         if request.method != "POST":
             return None
+        sinks = _telemetry.recording_sinks()
+        if sinks is None and self.limiter is None:
+            return None  # nothing to record, no slot to hold
         operation = _openai_wire.operation_for(request.url.path)
         if operation is None:
             return None
@@ -94,7 +97,7 @@ class OpenAIPathCalls:
             record = held
             capture = _content.resolve(self.settings.capture_content) if record.recording else False
         else:
-            record = self.settings.new_record(operation, body, stream, url)
+            record = self.settings.new_record(operation, body, stream, url, sinks=sinks)
             capture = _content.resolve(self.settings.capture_content) if record.recording else False
             if capture:
                 with swallow(
