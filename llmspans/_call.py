@@ -177,6 +177,7 @@ class CallRecord:
     chunk_labels: metric.Labels | None = None
     gap_min = 0
     gap_max = 0
+    chunk_more = False  # more than the counts per chunk: the sketch, the exemplars' values, the SDK's record
     _context: Context | None = None
     # The adapter put the call's context in the request's headers before the client built them.
     context_sent = False
@@ -330,6 +331,8 @@ class CallRecord:
             self.gap_max = gap
         index = bisect_left(_CHUNK_BOUNDS, gap)
         counts[index] += 1  # (the chunks are these gaps and the first chunk: `chunks`)
+        if not self.chunk_more:  # an unsampled call's chunk: done
+            return
         lasts = self.chunk_lasts
         if lasts is not None:  # the exemplars' values: the last gap in each bucket
             lasts[index] = gap
@@ -386,6 +389,7 @@ class CallRecord:
         except Exception as failure:
             report(sites.CALL_CHUNK_METRIC, failure)
             self.chunk_live = _ignore_gap
+        self.chunk_more = self.gaps is not None or self.chunk_lasts is not None or self.chunk_live is not None
         return counts
 
     def set_usage(self, input_tokens: Any, output_tokens: Any, cache_read_tokens: Any = None) -> None:

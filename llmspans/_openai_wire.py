@@ -197,6 +197,10 @@ def fields(obj: Any) -> Mapping[str, Any]:
     through its metaclass and an exception, which is slow); the keys it does not know (vLLM's
     extras) are not among them. Anything else has no fields.
     """
+    if type(obj) is dict:  # decoded JSON: the usual case first, without the ABC's check
+        return obj
+    if obj is None:
+        return _NOTHING
     if isinstance(obj, Mapping):
         return obj
     found = getattr(obj, "__dict__", None)
@@ -528,21 +532,35 @@ def usage_attributes(usage: Any) -> dict[str, int] | None:
     counts = fields(usage)
     if not counts:
         return None
-    found: dict[str, int] = {}
-    for key in ("completion_tokens_details", "output_tokens_details"):
-        reasoning = _count(fields(counts.get(key)).get("reasoning_tokens"))
-        if reasoning is not None:
-            found[names.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
-            break
-    created = _count(counts.get("cache_creation_input_tokens"))
-    for key in ("prompt_tokens_details", "input_tokens_details"):
-        if created is not None:
-            break
-        details = fields(counts.get(key))
-        created = _first_count(details.get("cache_write_tokens"), details.get("cache_creation_tokens"))
+    get = counts.get  # `_count` inlined: this runs on every sampled call
+    found: dict[str, int] | None = None
+    for key in _REASONING_IN:
+        details = get(key)
+        if details is not None:
+            reasoning = fields(details).get("reasoning_tokens")
+            if type(reasoning) is int and reasoning >= 0:
+                found = {names.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: reasoning}
+                break
+    created = get("cache_creation_input_tokens")
+    if type(created) is not int or created < 0:
+        created = None
+        for key in _CACHED_IN:
+            details = get(key)
+            if details is not None:
+                written = fields(details)
+                created = _first_count(
+                    written.get("cache_write_tokens"), written.get("cache_creation_tokens")
+                )
+                if created is not None:
+                    break
     if created is not None:
+        if found is None:
+            found = {}
         found[names.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS] = created
-    return found or None
+    return found
+
+
+_REASONING_IN = ("completion_tokens_details", "output_tokens_details")
 
 
 def _first_count(preferred: Any, fallback: Any) -> int | None:

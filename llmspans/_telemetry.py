@@ -136,11 +136,11 @@ def _recorder_of(meter_provider: metrics.MeterProvider) -> Recorder:
 
 
 def tracer() -> trace.Tracer:
-    return (sinks() or _QUIET)[0]
+    return (_override or _global or _resolve() or _QUIET)[0]
 
 
 def recorder() -> Recorder:
-    return (sinks() or _QUIET)[1]
+    return (_override or _global or _resolve() or _QUIET)[1]
 
 
 def span_of(sinks_now: Sinks | None, suppressed: bool, name: str, **start: Any) -> Span:

@@ -443,7 +443,9 @@ class _SyncBody(_Body):
         except BaseException as error:
             scope.close(error)
             raise
-        scope.body_done(time.perf_counter_ns())
+        attempt = scope.attempt  # `body_done`, inlined
+        if attempt.body_done_ns is None:
+            attempt.body_done_ns = time.perf_counter_ns()
 
     def close(self) -> None:
         try:
@@ -475,7 +477,9 @@ class _AsyncBody(_Body):
         except BaseException as error:
             scope.close(error)
             raise
-        scope.body_done(time.perf_counter_ns())
+        attempt = scope.attempt  # `body_done`, inlined
+        if attempt.body_done_ns is None:
+            attempt.body_done_ns = time.perf_counter_ns()
 
     async def aclose(self) -> None:
         try:
@@ -576,9 +580,10 @@ class _SyncTransport(_Transport):
         opened = self._open(request)
         if opened is None:
             return self.inner.handle_request(request)
-        limiter = self._limiter(opened)
-        if limiter is not None:
-            opened[0].admit(limiter)
+        if opened[2]:  # a call this request opened: the plain client's limiter admits it
+            limiter = self._limiter(opened)
+            if limiter is not None:
+                opened[0].admit(limiter)
         scope = self._attempt(opened, request, False)
         if scope is None:
             return self.inner.handle_request(request)
@@ -606,9 +611,10 @@ class _AsyncTransport(_Transport):
         opened = self._open(request)
         if opened is None:
             return await self.inner.handle_async_request(request)
-        limiter = self._limiter(opened)
-        if limiter is not None:
-            await opened[0].admit_async(limiter)
+        if opened[2]:  # a call this request opened: the plain client's limiter admits it
+            limiter = self._limiter(opened)
+            if limiter is not None:
+                await opened[0].admit_async(limiter)
         scope = self._attempt(opened, request, True)
         if scope is None:
             return await self.inner.handle_async_request(request)

@@ -221,7 +221,7 @@ def _read_result(reading: _Reading, result: Any) -> None:
         record.set_response(None, top.get("model"))
         usage = top.get("usage")
         if usage is not None:
-            _usage(record, usage)
+            record.set_usage(*_openai_wire.read_usage(usage))  # `_usage`: a span that does not record
         return
     if reading.output is None:  # no content to capture: the answer's text is not read
         _apply(record, _openai_wire.read_outcome(result))
