@@ -179,8 +179,6 @@ class CallRecord:
     gap_max = 0
     chunk_more = False  # more than the counts per chunk: the sketch, the exemplars' values, the SDK's record
     _context: Context | None = None
-    # The adapter put the call's context in the request's headers before the client built them.
-    context_sent = False
     attempt_spans_always = False
     turn: TurnTotals | None = None
     # A call nobody listens to (no provider, or suppressed) records nothing: these stay as they are.

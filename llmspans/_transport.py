@@ -179,8 +179,6 @@ class _AttemptScope:
             if not tracked:
                 self.tracked = True
                 _open_attempts.add(self)
-        elif record.context_sent:
-            return  # the adapter put the call's context in the request's headers (`openai_sdk`)
         try:  # a raising propagator must not reach the app (`swallow`, inlined: it runs on every call)
             _inject(request.headers, context, record.shape.provider == PROVIDER_VLLM)
             if _guard._faults:
@@ -295,11 +293,6 @@ class _AttemptScope:
 
 
 _W3C = TraceContextTextMapPropagator()
-
-
-def inject(carrier: dict[str, str], record: CallRecord) -> None:
-    """The call's own trace context into `carrier`, as an attempt without a span of its own sends it."""
-    _inject(carrier, record.context(), record.shape.provider == PROVIDER_VLLM)
 
 
 def _inject(headers: Any, context: Context, w3c_too: bool) -> None:
