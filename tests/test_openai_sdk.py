@@ -31,6 +31,7 @@ from tests.timing import (
     assert_client_view,
     attempt_spans,
     bucket,
+    late,
     retry_timing,
 )
 
@@ -40,23 +41,27 @@ from tests.timing import (
 STREAM = Behavior(first_chunk_delay=0.08, chunk_gap=0.02, chunks=6)
 
 
-def check_stream_timings(span: Any, served: Any) -> None:
+def check_stream_timings(span: Any, served: Any, called_ns: int | None = None) -> None:
+    """`called_ns`: when the app called the SDK (perf_counter_ns), for a client that is cold."""
     attrs = span.attributes
     sent = served.chunk_sent_ns
     server_first_token = (sent[0] - served.arrived_ns) * 1e-9
     server_stream = (sent[-1] - sent[0]) * 1e-9
-    assert_client_view(bucket(span, "first_token"), server_first_token)
-    assert bucket(span, "stream") == pytest.approx(server_stream, abs=EXACT)
-    assert 0.08 - 0.001 <= bucket(span, "first_token") <= 0.08 + TOLERANCE
-    assert 0.10 - 0.001 <= bucket(span, "stream") <= 0.10 + TOLERANCE
+    before_server = 0.0 if called_ns is None else max(0.0, (served.arrived_ns - called_ns) * 1e-9)
+    slack = late(served)
+    assert_client_view(bucket(span, "first_token"), server_first_token, before_server + slack)
+    assert bucket(span, "stream") == pytest.approx(server_stream, abs=EXACT + slack)
+    # The server took at least what it was told to (a busy machine oversleeps: its stamps above say how much).
+    assert bucket(span, "first_token") >= 0.08 - 0.001
+    assert bucket(span, "stream") >= 0.10 - 0.001
     assert bucket(span, "queue") == 0
     assert bucket(span, "retry") == 0
     assert bucket(span, "connect") < 0.02
-    assert bucket(span, "post") < EXACT
+    assert bucket(span, "post") < EXACT + slack
     assert attrs[names.STREAM_CHUNKS] == 6
     gaps = sorted(b - a for a, b in itertools.pairwise(sent))
-    assert attrs[names.ITL_P50] == pytest.approx(gaps[len(gaps) // 2] * 1e-9, rel=1 / 16, abs=EXACT)
-    assert attrs[names.ITL_MAX] == pytest.approx(gaps[-1] * 1e-9, abs=EXACT)
+    assert attrs[names.ITL_P50] == pytest.approx(gaps[len(gaps) // 2] * 1e-9, rel=1 / 16, abs=EXACT + slack)
+    assert attrs[names.ITL_MAX] == pytest.approx(gaps[-1] * 1e-9, abs=EXACT + slack)
     assert attrs[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(
         bucket(span, "first_token"), abs=EXACT
     )
@@ -130,10 +135,11 @@ def test_non_streamed_first_token_is_the_server_work(server: SimulatedServer, ca
     span = call_span(captured)
     assert server.wait_idle()
     served = server.requests[-1]
-    assert_client_view(bucket(span, "first_token"), (served.finished_ns - served.arrived_ns) * 1e-9)
-    assert 0.06 - 0.001 <= bucket(span, "first_token") <= 0.06 + TOLERANCE
+    slack = late(served)
+    assert_client_view(bucket(span, "first_token"), (served.finished_ns - served.arrived_ns) * 1e-9, slack)
+    assert 0.06 - 0.001 <= bucket(span, "first_token") <= 0.06 + TOLERANCE + slack
     assert bucket(span, "stream") == 0
-    assert bucket(span, "post") < EXACT
+    assert bucket(span, "post") < EXACT + slack
     assert span.attributes[names.GEN_AI_USAGE_INPUT_TOKENS] == result.usage.prompt_tokens
     assert span.attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
     assert span.attributes[names.GEN_AI_RESPONSE_ID] == result.id
@@ -374,6 +380,7 @@ async def test_a_raw_stream_read_by_hand_is_stamped_chunk_by_chunk(
     settings = {"request_usage": True}
     request: dict[str, Any] = {"model": "tiny", "messages": MESSAGES, "stream": True}
     received: list[str] = []
+    called_ns = time.perf_counter_ns()  # a new client each run: its first request is built cold
     if use_async:
         aclient = async_client(server, settings)
         if how == "raw-lines":
@@ -409,7 +416,7 @@ async def test_a_raw_stream_read_by_hand_is_stamped_chunk_by_chunk(
     assert "stream_options" not in served.body  # raw bytes reach the app: nothing may be added to them
     if how != "streaming-parse":
         assert any("[DONE]" in line for line in received)
-    check_stream_timings(call_span(captured), served)
+    check_stream_timings(call_span(captured), served, called_ns)
 
 
 async def test_async_with_streaming_response(server: SimulatedServer, captured: Captured) -> None:
@@ -508,7 +515,8 @@ async def test_the_call_starts_where_the_app_calls_the_sdk(
     duration = (span.end_time - span.start_time) / 1e9
     assert build <= duration <= elapsed
     assert bucket(span, "first_token") >= build
-    assert bucket(span, "queue") < 0.01
+    # Not the build: a free slot is taken at once, which a busy machine may stretch by some ms, never 80.
+    assert bucket(span, "queue") < build / 2
     assert_buckets_sum_to_duration(span)
 
 

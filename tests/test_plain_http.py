@@ -46,6 +46,7 @@ from tests.timing import (
     assert_client_view,
     attempt_spans,
     bucket,
+    late,
     retry_timing,
 )
 
@@ -243,18 +244,19 @@ async def test_streamed_chat_buckets_match_the_server_stamps(
     assert names.RETRY_COUNT not in attrs
 
     sent = served.chunk_sent_ns
-    assert_client_view(bucket(span, "first_token"), (sent[0] - served.arrived_ns) * 1e-9)
-    assert bucket(span, "stream") == pytest.approx((sent[-1] - sent[0]) * 1e-9, abs=EXACT)
-    assert 0.08 - 0.001 <= bucket(span, "first_token") <= 0.08 + TOLERANCE
+    slack = late(served)  # how late a busy machine ran the server's own timed writes here
+    assert_client_view(bucket(span, "first_token"), (sent[0] - served.arrived_ns) * 1e-9, slack)
+    assert bucket(span, "stream") == pytest.approx((sent[-1] - sent[0]) * 1e-9, abs=EXACT + slack)
+    assert 0.08 - 0.001 <= bucket(span, "first_token") <= 0.08 + TOLERANCE + slack
     # The server's own figure is >= 0.10 by construction; ours is an arrival-to-arrival figure (EXACT).
-    assert 0.10 - EXACT <= bucket(span, "stream") <= 0.10 + TOLERANCE
+    assert 0.10 - EXACT <= bucket(span, "stream") <= 0.10 + TOLERANCE + slack
     assert bucket(span, "queue") == 0
     assert bucket(span, "retry") == 0
     assert bucket(span, "connect") == 0  # the warm-up's connection was reused
-    assert bucket(span, "post") < CLIENT_SIDE  # closing the response: the client's own work
+    assert bucket(span, "post") < CLIENT_SIDE + slack  # closing the response: the client's own work
     gaps = sorted(b - a for a, b in itertools.pairwise(sent))
-    assert attrs[names.ITL_P50] == pytest.approx(gaps[len(gaps) // 2] * 1e-9, rel=1 / 16, abs=EXACT)
-    assert attrs[names.ITL_MAX] == pytest.approx(gaps[-1] * 1e-9, abs=EXACT)
+    assert attrs[names.ITL_P50] == pytest.approx(gaps[len(gaps) // 2] * 1e-9, rel=1 / 16, abs=EXACT + slack)
+    assert attrs[names.ITL_MAX] == pytest.approx(gaps[-1] * 1e-9, abs=EXACT + slack)
     assert attrs[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(
         bucket(span, "first_token"), abs=EXACT
     )
@@ -427,11 +429,12 @@ async def test_non_streamed_operations(
     assert attrs[names.GEN_AI_RESPONSE_MODEL] == body["model"]
     assert names.STREAM_OUTCOME not in attrs
     assert names.STREAM_CHUNKS not in attrs
-    assert_client_view(bucket(span, "first_token"), (served.finished_ns - served.arrived_ns) * 1e-9)
-    assert 0.04 - 0.001 <= bucket(span, "first_token") <= 0.04 + TOLERANCE
+    slack = late(served)
+    assert_client_view(bucket(span, "first_token"), (served.finished_ns - served.arrived_ns) * 1e-9, slack)
+    assert 0.04 - 0.001 <= bucket(span, "first_token") <= 0.04 + TOLERANCE + slack
     assert bucket(span, "stream") == 0
     assert bucket(span, "connect") == 0
-    assert bucket(span, "post") < CLIENT_SIDE  # closing the response: the client's own work
+    assert bucket(span, "post") < CLIENT_SIDE + slack  # closing the response: the client's own work
     assert_buckets_sum_to_duration(span)
 
 

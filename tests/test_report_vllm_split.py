@@ -171,10 +171,14 @@ def test_the_split_is_right_on_every_family(family: str, receiver: OTLPReceiver,
         decode = result.seconds("stream", SERVER_DECODE)
         assert decode is not None
         assert 4 * 0.01 - 0.001 <= decode <= 4 * 0.01 + TOLERANCE
-        for bucket in ("first_token", "stream"):
-            network = result.seconds(bucket, NETWORK_AND_CLIENT)
-            assert network is not None
-            assert -0.001 <= network <= TOLERANCE, (bucket, network)
+        before_first = result.seconds("first_token", NETWORK_AND_CLIENT)
+        after_first = result.seconds("stream", NETWORK_AND_CLIENT)
+        assert before_first is not None
+        assert after_first is not None
+        assert -0.001 <= before_first <= TOLERANCE
+        # A first chunk read late (a busy machine) moves that time from stream into first_token: the
+        # stream's residual can go below zero by as much as first_token's holds, never more.
+        assert -before_first - 0.001 <= after_first <= TOLERANCE, (before_first, after_first)
     queues = sorted(s.attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] for s in spans)
     assert queues[1] > 0.01  # the second call waited while the first was served
 

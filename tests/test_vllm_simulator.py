@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -208,16 +209,19 @@ def test_an_aborted_request_makes_no_server_span(family: str, receiver: OTLPRece
 
 
 def stream_in_threads(sim: VLLMSimulator, bodies: list[dict[str, Any]]) -> list[list[Any]]:
-    """Each body streamed from its own (uninstrumented) thread, started in order; the events of each."""
+    """Each body streamed from its own (uninstrumented) thread; the events of each. All are queued,
+    in order, before the engine admits any: what follows depends on the config, not on how fast a
+    busy machine ran the threads."""
     results: list[list[Any]] = [[] for _ in bodies]
 
     def one(index: int) -> None:
         results[index] = raw_stream(sim, bodies[index])
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
-    for started, thread in enumerate(threads, 1):
-        thread.start()  # in order: each reaches the engine before the next is sent
-        sim.wait_for_state(lambda waiting, running, n=started: waiting + running >= n, 2.0)
+    with sim.held():
+        for queued, thread in enumerate(threads, 1):
+            thread.start()  # in order: each reaches the engine's queue before the next is sent
+            assert sim.wait_for_state(lambda waiting, running, n=queued: waiting == n, 30.0)
     for thread in threads:
         thread.join(20)
     return results
@@ -261,14 +265,12 @@ def test_kv_pressure_preempts_the_latest_request_which_recomputes() -> None:
 def test_kv_blocks_gate_admission_first_come_first_served() -> None:
     config = EngineConfig(max_num_seqs=4, block_size=4, num_kv_blocks=4, decode_per_token=0.01)
     with VLLMSimulator(config) as sim:
-        long_prompt = {
-            "model": MODEL,
-            "messages": ask("a b c d e f g h i j k"),
-            "stream": True,
-            "max_tokens": 4,
-        }
+        long_prompts = [  # different words: no prompt block is shared between them
+            {"model": MODEL, "messages": ask(words), "stream": True, "max_tokens": 4}
+            for words in ("a b c d e f g h i j k", "l m n o p q r s t u v")
+        ]
         short = {"model": MODEL, "messages": ask("a"), "stream": True, "max_tokens": 4}
-        stream_in_threads(sim, [long_prompt, long_prompt, short])
+        stream_in_threads(sim, [*long_prompts, short])
         assert sim.wait_idle()
         first, second, third = sim.requests
     assert first.scheduled_ts is not None
@@ -328,10 +330,9 @@ def test_structured_output_waits_deferred_and_lets_others_pass() -> None:
     """A request whose grammar is compiling is skipped by the scheduler (0.33 shows it as
     `deferred`); the plain request behind it is admitted first."""
     config = EngineConfig(
-        version=FAMILIES["0.33"], max_num_seqs=1, decode_per_token=0.01, grammar_compile_time=0.6
+        version=FAMILIES["0.33"], max_num_seqs=1, decode_per_token=0.01, grammar_compile_time=1.5
     )
     with VLLMSimulator(config) as sim:
-        holder = busy(sim, max_tokens=40)  # 0.4 s: it ends while the grammar still compiles
         structured = {
             "model": MODEL,
             "messages": ask(),
@@ -347,14 +348,18 @@ def test_structured_output_waits_deferred_and_lets_others_pass() -> None:
             )
             for body in (structured, plain)
         ]
-        for queued, thread in enumerate(threads, 1):
-            thread.start()
-            assert sim.wait_for_state(lambda waiting, running, n=queued: waiting >= n, 2.0)
-        reasons = by_reason(sim)
-        for thread in [holder, *threads]:
+        with sim.held():  # both queue, in order, before the scheduler looks at them
+            for queued, thread in enumerate(threads, 1):
+                thread.start()
+                assert sim.wait_for_state(lambda waiting, running, n=queued: waiting == n, 30.0)
+            reasons = by_reason(sim)
+        released = time.perf_counter()
+        for thread in threads:
             thread.join(10)
         assert sim.wait_idle()
-        _, deferred, passed = sim.requests
+        deferred, passed = sim.requests
+    # The scheduler looked while the grammar still compiled (else this run shows nothing: say so).
+    assert released < deferred.arrival + config.grammar_compile_time, "the machine stalled for 1.5 s"
     assert reasons == {"capacity": 1.0, "deferred": 1.0}
     assert deferred.scheduled_ts is not None
     assert passed.scheduled_ts is not None

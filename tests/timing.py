@@ -69,8 +69,20 @@ def bucket(span: Any, name: str) -> float:
     return float(span.attributes[names.BUCKET_PREFIX + name])
 
 
-def assert_client_view(measured: float, server_view: float) -> None:
-    assert server_view - 0.001 <= measured <= server_view + CLIENT_SIDE
+def assert_client_view(measured: float, server_view: float, observed: float = 0.0) -> None:
+    """`measured` holds what the server did and the client's own work around it: at least the server's
+    figure, at most it plus CLIENT_SIDE. `observed`: what more the test saw this run take, where it can
+    see it: the client's time before the server saw the request (a cold client builds its first request
+    slowly), how late a busy machine ran the server's own timed writes (`late`)."""
+    assert server_view - 0.001 <= measured <= server_view + observed + CLIENT_SIDE, (
+        measured, server_view, observed,
+    )  # fmt: skip
+
+
+def late(served: Any) -> float:
+    """Seconds by which a busy machine delayed the server's own timed writes in this exchange: the
+    client's threads share the machine, so a figure compared across the two may be off by as much."""
+    return float(getattr(served, "late_ns", 0)) * 1e-9
 
 
 def assert_buckets_sum_to_duration(span: Any) -> None:

@@ -52,6 +52,7 @@ in-process tests compare them with their own clock. Bound to 127.0.0.1 only.
 from __future__ import annotations
 
 import collections
+import contextlib
 import gzip
 import itertools
 import json
@@ -59,7 +60,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -315,6 +316,12 @@ class _Engine:
         caching = config.enable_prefix_caching
         self.prefix_caching = release.prefix_caching_by_default if caching is None else caching
         self.cached_blocks: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.held = False  # admit nothing: requests queue in the order they came (see `VLLMSimulator.held`)
+
+    def hold(self, held: bool) -> None:
+        with self.cond:
+            self.held = held
+            self._schedule()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -381,7 +388,7 @@ class _Engine:
     def _schedule(self) -> None:
         now = time.perf_counter()
         index = 0
-        while index < len(self.waiting) and len(self.running) < self.config.max_num_seqs:
+        while not self.held and index < len(self.waiting) and len(self.running) < self.config.max_num_seqs:
             candidate = self.waiting[index]
             if candidate.deferred_until is not None and candidate.deferred_until > now:
                 index += 1  # skipped while its grammar compiles
@@ -802,6 +809,20 @@ class VLLMSimulator:
                 return True
             time.sleep(0.002)
         return False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Admit nothing inside the block, then schedule what queued, in its order.
+
+        For tests about order, not time: requests sent one by one (each waited for with
+        `wait_for_state`) are all queued before the first is admitted, however slowly a busy
+        machine ran their threads, so what the scheduler does next follows from the config alone.
+        """
+        self._engine.hold(True)
+        try:
+            yield
+        finally:
+            self._engine.hold(False)
 
     def flush_traces(self, timeout: float = 5.0) -> bool:
         """Export the finished spans still waiting in the batch processor."""
