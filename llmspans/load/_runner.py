@@ -51,6 +51,7 @@ class RunOutcome:
     levels: list[LevelStats]
     interrupted: bool
     notes: list[str]
+    records: dict[str, list[RequestRecord]]  # each level's requests, by `Level.label`
 
 
 def new_run_id() -> str:
@@ -88,6 +89,7 @@ class Runner:
         self.stamper = LevelStamper(self.run_id)
         tracer_provider.add_span_processor(self.stamper)
         self._issued = 0
+        self._records: dict[str, list[RequestRecord]] = {}
         self._rng = random.Random(workload.seed)
 
     async def run(self, stop: asyncio.Event | None = None) -> RunOutcome:
@@ -135,7 +137,7 @@ class Runner:
         finally:
             self.stamper.shutdown()
             await client.close()
-        return RunOutcome(levels, stop.is_set(), notes)
+        return RunOutcome(levels, stop.is_set(), notes, self._records)
 
     async def _warm_up(self) -> None:
         """One request no span records: the SDK's one-off set-up is not in the first level, and a target
@@ -156,7 +158,7 @@ class Runner:
     async def _level(
         self, level: Level, count: int, deadline: float, stop: asyncio.Event, sampler: LevelSampler | None
     ) -> LevelStats:
-        records: list[RequestRecord] = []
+        records = self._records[level.label] = []
         level_deadline = min(deadline, time.monotonic() + self.plan.level_seconds)
         started = time.monotonic()
         watching = asyncio.Event()

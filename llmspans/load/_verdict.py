@@ -63,6 +63,15 @@ def verdict(levels: Sequence[LevelStats], knee: Knee) -> Verdict | None:
     notes = cause.notes
     if cause.finding == FINDING_SERVER_QUEUE and notes:
         said, notes = notes[0], notes[1:]  # the report's words for a queue on the server
+        if (
+            before.server is not None
+            and at.server is not None
+            and at.server.running_max <= before.server.running_max
+        ):
+            said += (
+                f"; running stayed at {at.server.running_max}: every batch slot was busy (raise vLLM's "
+                "--max-num-seqs if its KV cache has room, or add a replica)"
+            )
     return Verdict(grew, value_before, value_after, cause.finding, f"{head}{server}{steady}: {said}", notes)
 
 

@@ -175,6 +175,16 @@ def _rule(part: Part, figures: Figures) -> tuple[str, str, str]:
             (f"look at server queueing, connection reuse and prompt length{split}"),
         )
     if name == "stream":
+        bound = memory_bound(figures.pressure)
+        if bound is not None:
+            return (
+                name,
+                f"stream dominates and the server is memory-bound ({bound})",
+                (
+                    "the server is out of KV cache and preempts running requests, which stall mid-stream while "
+                    "they are computed again: more replicas, shorter contexts or a larger KV cache"
+                ),
+            )
         return name, "stream dominates", "decode speed (quantisation, kernels, speculative decoding)"
     return (
         name,
@@ -287,22 +297,26 @@ class Cause:
 
 
 def cause_of(part: Part, figures: Figures) -> Cause:
-    """The rule for `part` with these figures. A first_token part is named by the server's pressure when
-    it says where the wait is: `memory_bound` (KV cache full and preempting), `server_queue` (vLLM's
-    waiting requests rose while the client's queue did not), else `first_token`."""
+    """The rule for `part` with these figures. A first_token or stream part is named by the server's
+    pressure when it says where the wait is: `memory_bound` (KV cache full and preempting: new requests
+    wait, running ones are preempted mid-stream), and for first_token `server_queue` (vLLM's waiting
+    requests rose while the client's queue did not); otherwise the part's own name."""
     finding, seen, advice = _rule(part, figures)
     notes = tuple(_pressure_notes(figures.pressure, part.name != "queue"))
-    if part.kind == KIND_BUCKET and part.name == "first_token":
-        pressure = figures.pressure
-        if memory_bound(pressure) is not None:
-            finding = FINDING_MEMORY_BOUND
-        elif (
-            pressure is not None
-            and pressure.waiting_before is not None
-            and pressure.waiting_after is not None
-            and pressure.waiting_after >= pressure.waiting_before + WAITING_RISE
-        ):
-            finding = FINDING_SERVER_QUEUE
+    pressure = figures.pressure
+    if (
+        part.kind == KIND_BUCKET
+        and part.name in ("first_token", "stream")
+        and memory_bound(pressure) is not None
+    ):
+        finding = FINDING_MEMORY_BOUND
+    elif part.kind == KIND_BUCKET and part.name == "first_token" and (
+        pressure is not None
+        and pressure.waiting_before is not None
+        and pressure.waiting_after is not None
+        and pressure.waiting_after >= pressure.waiting_before + WAITING_RISE
+    ):
+        finding = FINDING_SERVER_QUEUE
     return Cause(finding, seen, advice, notes)
 
 
