@@ -310,11 +310,15 @@ def cause_of(part: Part, figures: Figures) -> Cause:
         and memory_bound(pressure) is not None
     ):
         finding = FINDING_MEMORY_BOUND
-    elif part.kind == KIND_BUCKET and part.name == "first_token" and (
-        pressure is not None
-        and pressure.waiting_before is not None
-        and pressure.waiting_after is not None
-        and pressure.waiting_after >= pressure.waiting_before + WAITING_RISE
+    elif (
+        part.kind == KIND_BUCKET
+        and part.name == "first_token"
+        and (
+            pressure is not None
+            and pressure.waiting_before is not None
+            and pressure.waiting_after is not None
+            and pressure.waiting_after >= pressure.waiting_before + WAITING_RISE
+        )
     ):
         finding = FINDING_SERVER_QUEUE
     return Cause(finding, seen, advice, notes)
