@@ -36,7 +36,9 @@ from llmspans.report._model import FINDING_QUEUE
 from llmspans.report._spans import spans_of_readable
 from llmspans.report._triage import FINDING_MEMORY_BOUND, FINDING_SERVER_QUEUE
 from llmspans.vllm import ServerMetrics
+from tests.support.realservers import TransformersServer
 from tests.support.vllm_sim import EngineConfig, VLLMSimulator
+from tests.timing import CLIENT_SIDE, retry_timing
 
 
 @dataclass
@@ -378,3 +380,42 @@ async def test_ctrl_c_stops_the_run_with_what_it_has(batch_slots: VLLMSimulator)
     assert len(calls) == stats.requests
     outcomes = [span.attributes[names.STREAM_OUTCOME] for span in calls]  # type: ignore[index]
     assert outcomes.count(names.OUTCOME_CANCELLED) == stats.cancelled
+
+
+# --- a real server ------------------------------------------------------------------------------------
+
+
+@retry_timing
+async def test_a_sweep_against_transformers_serve_measures_each_requests_ttft_as_the_client_saw_it(
+    transformers_serve: TransformersServer,
+) -> None:
+    """A small sweep end to end against a real CPU model. Each request's TTFT (from its call span: the
+    network read that completed the first content chunk) agrees with the moment the first content chunk
+    reached the code consuming the stream, the figure tests/test_realservers.py times, by the tolerance
+    tests/timing.py allows a figure that holds the client's own work (CLIENT_SIDE)."""
+    workload = Workload(model=transformers_serve.model, max_tokens=8, prompt_tokens=12)
+    plan = Plan(
+        shape=SHAPE_CONCURRENCY, levels=parse_levels("1", SHAPE_CONCURRENCY), sweep=True, requests_per_level=4,
+        max_requests=16, max_seconds=30,
+    )  # fmt: skip
+    with providers() as (tracer_provider, _):
+        runner = Runner(
+            workload,
+            plan,
+            base_url=transformers_serve.base_url,
+            tracer_provider=tracer_provider,
+            max_retries=0,
+        )
+        outcome = await runner.run()
+    assert len(outcome.levels) >= 2
+    assert outcome.levels[0].level.label == "concurrency=1"
+    checked = 0
+    for records in outcome.records.values():
+        for record in records:
+            assert record.ok, record
+            assert record.ttft_ns is not None
+            assert record.output_tokens == 8  # read from the finish chunk's usage
+            seen = (record.chunk_ns[0] - record.issued_ns) / 1e9
+            assert record.ttft_ns / 1e9 - 0.001 <= seen <= record.ttft_ns / 1e9 + CLIENT_SIDE, (seen, record)
+            checked += 1
+    assert checked >= 8
