@@ -83,9 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = outcome.records[level.label]
     issued = sorted(record.issued_ns for record in records if record.issued_ns)
     sent_rate = (len(issued) - 1) / ((issued[-1] - issued[0]) / 1e9) if len(issued) > 1 else 0.0
-    print(f"llmspans load's open loop at {args.rate:g} requests/s for {seconds:g} s against a zero-delay server")
-    print(f"  requests: {stats.requests} issued, {stats.completed} completed, {stats.failed} failed ({elapsed:.1f} s)")
-    print(f"  sent at {sent_rate:.1f} requests/s (asked {args.rate:g}); completed {stats.requests_per_s:.1f}/s")
+    print(
+        f"llmspans load's open loop at {args.rate:g} requests/s for {seconds:g} s against a zero-delay server"
+    )
+    print(
+        f"  requests: {stats.requests} issued, {stats.completed} completed, {stats.failed} failed ({elapsed:.1f} s)"
+    )
+    print(
+        f"  sent at {sent_rate:.1f} requests/s (asked {args.rate:g}); completed {stats.requests_per_s:.1f}/s"
+    )
     print(
         f"  schedule lag: p50 {lag.p50 * 1e3:.2f} ms, p95 {lag.p95 * 1e3:.2f} ms, p99 {lag.p99 * 1e3:.2f} ms, "
         f"max {lag.max * 1e3:.2f} ms (target: p99 under {TARGET_P99_S * 1e3:.0f} ms)"
