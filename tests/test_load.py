@@ -132,7 +132,7 @@ async def test_a_server_out_of_batch_slots_puts_the_knee_between_4_and_8_and_nam
     low = by_level["concurrency=4"].buckets_p95["first_token"]
     assert by_level["concurrency=8"].buckets_p95["first_token"] >= low + 0.2
     assert "concurrency=8 *" in text
-    assert "the queue is on the server" in text
+    assert "the queue is on the server" in " ".join(text.split())
 
     # Every call span carries its level and the run, and nothing else was made but call spans.
     calls = [span for span in ran.spans if (span.attributes or {}).get(names.STAGE) == names.STAGE_LLM]
@@ -228,11 +228,14 @@ async def test_past_capacity_the_open_loop_latency_grows_with_time_and_the_close
     closed_first, closed_last = _thirds(closed.outcome.records["concurrency=6"])
     assert open_last > 2 * open_first, (open_first, open_last)
     assert closed_last < 1.5 * closed_first, (closed_first, closed_last)
-    # The open loop's schedule was kept (its lag is shown, and small next to the queueing).
+    # Every open-loop request's lag behind its schedule is measured, and counted in its latency.
     lag = opened.result.levels[0].lag
     assert lag is not None
     assert lag.count == 36
-    assert lag.p50 < 0.01
+    for record in opened.outcome.records["rate=30"]:
+        assert record.scheduled_ns is not None
+        assert record.e2e_ns is not None
+        assert record.e2e_ns >= record.start_offset_ns == max(0, record.issued_ns - record.scheduled_ns)
 
 
 # --- the figures, by vLLM's definitions -------------------------------------------------------------
