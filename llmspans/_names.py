@@ -128,6 +128,11 @@ BUDGET_EXCEEDED: Final = "llmspans.budget.exceeded"
 BUDGET_OVERRUN: Final = "llmspans.budget.overrun"
 BUDGET_CUT: Final = "llmspans.budget.cut"
 
+# `llmspans load` (llmspans/load/): on each call span the load tool made, the level it ran at and the run,
+# so `llmspans report` splits a traces file by level and `--baseline` compares two load runs.
+LOAD_LEVEL: Final = "llmspans.load.level"  # e.g. "concurrency=8" or "rate=4" (requests/s)
+LOAD_RUN_ID: Final = "llmspans.load.run_id"
+
 TURN_STAGE_PREFIX: Final = "llmspans.turn.stage."
 TURN_DOMINANT_STAGE: Final = "llmspans.turn.dominant_stage"
 

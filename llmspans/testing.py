@@ -82,7 +82,10 @@ class MetricPoint:
 class Captured:
     """The spans finished and metric points recorded inside a `capture()` block."""
 
-    def __init__(self, exporter: InMemorySpanExporter, reader: InMemoryMetricReader) -> None:
+    def __init__(
+        self, exporter: InMemorySpanExporter, reader: InMemoryMetricReader, tracer_provider: TracerProvider
+    ) -> None:
+        self.tracer_provider = tracer_provider  # to add a span processor of one's own for the block
         self._exporter = exporter
         self._reader = reader
         self._retired: list[MeterProvider] = []
@@ -155,7 +158,7 @@ def capture() -> Iterator[Captured]:
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
-    captured = Captured(exporter, reader)
+    captured = Captured(exporter, reader, tracer_provider)
     try:
         with _telemetry.use_providers(tracer_provider, meter_provider):
             yield captured

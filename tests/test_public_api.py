@@ -10,6 +10,7 @@ def test_all_lists_exactly_the_public_names() -> None:
         "testing",
         "vllm",
         "report",
+        "load",
         "tools",
     }
     assert set(llmspans.__all__) - {"__version__"} == public

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from llmspans import _names as names
 from llmspans.report._model import (
     KIND_BUCKET,
+    KIND_LEVEL,
     KIND_OTHER,
     KIND_STAGE,
     NS,
@@ -28,6 +29,7 @@ from llmspans.report._model import (
     BucketRow,
     Connections,
     Distribution,
+    LevelRow,
     LimiterRow,
     Part,
     Report,
@@ -90,6 +92,24 @@ class _Limiter:
     queue_depths: list[float] = field(default_factory=list)
 
 
+@dataclass
+class _Level:
+    """The calls of one `llmspans load` level of one run."""
+
+    first: Order
+    durations: array[int] = field(default_factory=lambda: array("q"))
+    buckets: tuple[array[int], ...] = field(default_factory=lambda: tuple(array("q") for _ in names.BUCKETS))
+    failed: int = 0
+
+
+def _level_value(level: str) -> float:
+    """`concurrency=8` -> 8.0, to order a run's levels by load (unreadable values last)."""
+    try:
+        return float(level.rpartition("=")[2])
+    except ValueError:
+        return float("inf")
+
+
 def _queued_interval(call: Span) -> tuple[int, int]:
     """When the call waited for its slot: from its start (or, when the limiter measured the wait
     itself, that long before admission) to its `llmspans.admitted` event."""
@@ -134,6 +154,7 @@ class Analysis:
         self._errors: dict[str, int] = {}
         self._error_first: dict[str, Order] = {}
         self._limiters: dict[tuple[str, str], _Limiter] = {}
+        self._levels: dict[tuple[str, str], _Level] = {}  # by (run id, level)
         self._server = ServerSplitter()
         self._pressure = PressureCollector()
         self._slowest: list[tuple[int, int, SlowTrace]] = []  # heap of (duration, -index, trace): worst first
@@ -210,6 +231,9 @@ class Analysis:
         failed = _call_failed(call)
         self._successful += not failed
         attributes = call.attributes
+        level = attributes.get(names.LOAD_LEVEL)
+        if isinstance(level, str):
+            self._add_level(call, level, failed, where)
         self._new_connections += int(number(call, names.CONNECT_NEW))
         self._reused += attributes.get(names.CONNECT_REUSED) is True
         failed_attempts = int(number(call, names.RETRY_COUNT))
@@ -234,6 +258,16 @@ class Analysis:
             queued_at, admitted = _queued_interval(call)
             limiter.intervals.extend((queued_at, admitted, call.end_ns))
             limiter.queue_depths.append(number(call, names.LIMITER_QUEUE_DEPTH))
+
+    def _add_level(self, call: Span, level: str, failed: bool, where: tuple[int, int]) -> None:
+        run = str(call.attributes.get(names.LOAD_RUN_ID, ""))
+        row = self._levels.get((run, level))
+        if row is None:
+            row = self._levels[(run, level)] = _Level(where)
+        row.durations.append(call.duration_ns)
+        for values, value in zip(row.buckets, call.buckets_ns, strict=True):
+            values.append(value)
+        row.failed += failed
 
     def _consider_slowest(self, trace: Trace, totals: Mapping[tuple[str, str], int]) -> None:
         if not self.top:
@@ -282,7 +316,14 @@ class Analysis:
             for stage in self.overrides
             if stage not in self._stages
         )
+        levels = self._level_rows()
         samples = {(KIND_STAGE, row.stage): _seconds(self._stages[row.stage].durations) for row in stages}
+        samples.update(
+            {
+                (KIND_LEVEL, row.label): _seconds(self._levels[(row.run_id, row.level)].durations)
+                for row in levels
+            }
+        )
         samples.update({(KIND_BUCKET, bucket): _seconds(self._buckets[bucket]) for bucket in names.BUCKETS})
         return Report(
             sources=tuple(sources),
@@ -303,6 +344,7 @@ class Analysis:
             server_pressure=figures.pressure,
             slowest=tuple(entry[2] for entry in sorted(self._slowest, reverse=True)),
             notes=notes,
+            levels=levels,
             samples=samples if self.traces else {},
         )
 
@@ -359,6 +401,36 @@ class Analysis:
             zeros = [0] * (self.traces - len(values))  # a trace without this part spent nothing in it
             parts.append(Part(kind, name, Distribution.of_nanoseconds([*zeros, *values])))
         return tuple(parts)
+
+    def _level_rows(self) -> tuple[LevelRow, ...]:
+        """Runs in the order they appeared, each run's levels by load."""
+        runs: dict[str, Order] = {}
+        for (run, _), row in self._levels.items():
+            runs[run] = min(runs.get(run, row.first), row.first)
+        keys = sorted(
+            self._levels, key=lambda key: (runs[key[0]], _level_value(key[1]), self._levels[key].first)
+        )
+        several = len(runs) > 1
+        rows = []
+        for run, level in keys:
+            row = self._levels[(run, level)]
+            p95 = {
+                bucket: Distribution.of_nanoseconds(values).p95
+                for bucket, values in zip(names.BUCKETS, row.buckets, strict=True)
+            }
+            rows.append(
+                LevelRow(
+                    label=f"{level} (run {run[:8]})" if several else level,
+                    run_id=run,
+                    level=level,
+                    calls=len(row.durations),
+                    failed=row.failed,
+                    durations=Distribution.of_nanoseconds(row.durations),
+                    buckets_p95=p95,
+                    dominant=max(names.BUCKETS, key=p95.__getitem__),
+                )
+            )
+        return tuple(rows)
 
     def _limiter_rows(self) -> tuple[LimiterRow, ...]:
         rows = []

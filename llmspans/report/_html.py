@@ -265,6 +265,23 @@ def _server_split(server: ServerSplit) -> str:
     return "".join(out)
 
 
+def _levels(report: Report) -> str:
+    """The calls `llmspans load` made, per level: durations and each bucket's p95."""
+    head = "".join(f"<th>{bucket}</th>" for bucket in names.BUCKETS)
+    rows = "".join(
+        f'<tr class="load-level" data-level="{escape(row.label)}"><td>{escape(row.label)}</td><td>{row.calls}</td>'
+        f"<td>{row.failed}</td><td>{seconds(row.durations.p50)}</td><td>{seconds(row.durations.p95)}</td>"
+        + "".join(f"<td>{seconds(row.buckets_p95[bucket])}</td>" for bucket in names.BUCKETS)
+        + f"<td>{escape(row.dominant)}</td></tr>"
+        for row in report.levels
+    )
+    return (
+        '<section id="levels"><h2>Load levels (llmspans load)</h2><p class="meta">Each level\'s calls: their '
+        "durations at p50 and p95, and each bucket's p95.</p><table><tr><th>level</th><th>calls</th>"
+        f"<th>failed</th><th>p50</th><th>p95</th>{head}<th>dominant</th></tr>{rows}</table></section>"
+    )
+
+
 def render(report: Report, comparison: Comparison | None = None) -> str:
     """The whole page as a string (UTF-8 when written)."""
     title = "llmspans report"
@@ -303,6 +320,8 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
         body.append('<p class="meta">Box: p50 to p95; tick: p99; dot: max; dashed red line: the budget.</p>')
         body.extend(_stage_chart(row) for row in report.stages)
         body.append("</section>")
+    if report.levels:
+        body.append(_levels(report))
     if report.server is not None:
         body.append(_server_split(report.server))
     if report.slowest:

@@ -16,6 +16,7 @@ QUANTILE_METHOD = "nearest-rank: the q-quantile of n values is the value at rank
 KIND_STAGE = "stage"
 KIND_BUCKET = "bucket"
 KIND_OTHER = "other"
+KIND_LEVEL = "level"  # a load level's calls (`llmspans load`), in comparisons
 UNMARKED = "unmarked"
 FINDING_QUEUE = "queue"
 FINDING_STALLED = "stalled_scheduler"
@@ -278,6 +279,22 @@ class Exemplar:
 
 
 @dataclass(frozen=True)
+class LevelRow:
+    """The calls `llmspans load` made at one level (`llmspans.load.level`) of one run: their durations,
+    each bucket's p95, and the bucket largest at p95. `label` is the level, with the run when the input
+    holds several runs."""
+
+    label: str
+    run_id: str
+    level: str
+    calls: int
+    failed: int
+    durations: Distribution
+    buckets_p95: dict[str, float]
+    dominant: str
+
+
+@dataclass(frozen=True)
 class Report:
     sources: tuple[str, ...]
     skipped: tuple[SkippedLine, ...]
@@ -301,6 +318,7 @@ class Report:
     exemplars: tuple[Exemplar, ...] = ()
     server_pressure: ServerPressure | None = None
     server_histograms: tuple[ServerHistograms, ...] = ()
+    levels: tuple[LevelRow, ...] = ()  # calls made by `llmspans load`, per level
     # The sorted samples behind each stage, bucket and part (seconds), for comparisons; not in the JSON.
     samples: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -315,6 +333,8 @@ class Report:
         if not self.server_gauges and not self.exemplars:
             data.pop("server_gauges")
             data.pop("exemplars")
+        if not self.levels:
+            data.pop("levels")
         data["parts"] = [{**asdict(part), "label": part.label} for part in self.parts]
         return data
 

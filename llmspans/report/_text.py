@@ -137,6 +137,20 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             ),
         )
 
+    if report.levels:
+        out.append("")
+        out.append("Load levels (calls made by llmspans load): call duration, and each bucket's p95")
+        out += _table(
+            ["level", "calls", "failed", "p50", "p95", "queue", "first_tok", "stream", "dominant"],
+            (
+                [row.label, str(row.calls), str(row.failed), seconds(row.durations.p50), seconds(row.durations.p95),
+                 seconds(row.buckets_p95["queue"]), seconds(row.buckets_p95["first_token"]),
+                 seconds(row.buckets_p95["stream"]), row.dominant]
+                for row in report.levels
+            ),
+            first_width=22,
+        )  # fmt: skip
+
     if report.llm_calls:
         out.append("")
         variability = report.variability

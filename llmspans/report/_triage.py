@@ -30,6 +30,10 @@ from llmspans.report._model import (
     format_seconds,
 )
 
+# What `cause_of` names a first_token part when the server's pressure says where the wait is.
+FINDING_MEMORY_BOUND = "memory_bound"
+FINDING_SERVER_QUEUE = "server_queue"
+
 # A limiter whose backlog time is at least this share in gap reads as a stalled scheduler.
 STALL_GAP_FRACTION = 0.25
 # ... noted (when queue does not dominate) only if calls waited during this share of its window.
@@ -171,6 +175,16 @@ def _rule(part: Part, figures: Figures) -> tuple[str, str, str]:
             (f"look at server queueing, connection reuse and prompt length{split}"),
         )
     if name == "stream":
+        bound = memory_bound(figures.pressure)
+        if bound is not None:
+            return (
+                name,
+                f"stream dominates and the server is memory-bound ({bound})",
+                (
+                    "the server is out of KV cache and preempts running requests, which stall mid-stream while "
+                    "they are computed again: more replicas, shorter contexts or a larger KV cache"
+                ),
+            )
         return name, "stream dominates", "decode speed (quantisation, kernels, speculative decoding)"
     return (
         name,
@@ -269,6 +283,45 @@ def _notes(dominant: Part, parts: Sequence[Part], figures: Figures) -> list[str]
                 "backlog (a stalled scheduler)"
             )
     return notes
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What the triage rules say of one part, whether or not it dominates (`llmspans load` asks it of the
+    part that grew at the knee): the finding, what was seen, the advice, and the server-pressure notes."""
+
+    finding: str
+    seen: str
+    advice: str
+    notes: tuple[str, ...]
+
+
+def cause_of(part: Part, figures: Figures) -> Cause:
+    """The rule for `part` with these figures. A first_token or stream part is named by the server's
+    pressure when it says where the wait is: `memory_bound` (KV cache full and preempting: new requests
+    wait, running ones are preempted mid-stream), and for first_token `server_queue` (vLLM's waiting
+    requests rose while the client's queue did not); otherwise the part's own name."""
+    finding, seen, advice = _rule(part, figures)
+    notes = tuple(_pressure_notes(figures.pressure, part.name != "queue"))
+    pressure = figures.pressure
+    if (
+        part.kind == KIND_BUCKET
+        and part.name in ("first_token", "stream")
+        and memory_bound(pressure) is not None
+    ):
+        finding = FINDING_MEMORY_BOUND
+    elif (
+        part.kind == KIND_BUCKET
+        and part.name == "first_token"
+        and (
+            pressure is not None
+            and pressure.waiting_before is not None
+            and pressure.waiting_after is not None
+            and pressure.waiting_after >= pressure.waiting_before + WAITING_RISE
+        )
+    ):
+        finding = FINDING_SERVER_QUEUE
+    return Cause(finding, seen, advice, notes)
 
 
 def triage(parts: Sequence[Part], stages: Sequence[StageRow], figures: Figures) -> Triage | None:

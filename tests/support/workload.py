@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 import llmspans
 from llmspans import _openinference, _phases
+from llmspans.load._requests import CURRENT, LevelStamper, RequestRecord
 from llmspans.testing import capture
 from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.support.vllm_sim import FAMILIES, EngineConfig, VLLMSimulator
@@ -124,6 +125,15 @@ def _exercise() -> Exercised:
                     model="sim-model", messages=[{"role": "user", "content": "drop"}], stream=True
                 )
             )
+        # A call `llmspans load` made: its stamper writes the level and the run on the call span.
+        stamper = LevelStamper("0123456789abcdef")
+        captured.tracer_provider.add_span_processor(stamper)
+        token = CURRENT.set(RequestRecord(index=0, level="concurrency=1"))
+        try:
+            client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "load"}])
+        finally:
+            CURRENT.reset(token)
+            stamper.shutdown()
         server.enqueue(Behavior(status=503))
         with contextlib.suppress(openai.APIStatusError):
             laned.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "fails"}])
