@@ -155,13 +155,19 @@ def test_ctrl_c_stops_the_run_and_prints_what_it_has(fast_server: SimulatedServe
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path),
     )  # fmt: skip
     try:
-        time.sleep(3.0)  # the interpreter starts, warms up, and sends a few hundred requests
+        # The run has begun (its Ctrl-C handler is in place) once its first request reached the server,
+        # however long a busy machine takes to start the interpreter and import the SDK.
+        deadline = time.monotonic() + 60
+        while fast_server.connections_opened == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fast_server.connections_opened > 0
+        time.sleep(1.0)  # some requests go out
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
     finally:
         process.kill()
     assert process.returncode == 130, err
-    assert "stopping" in err
+    assert "stopping" in err, err
     assert "Interrupted: " in out
     assert "concurrency=1" in out
     assert "Traceback" not in err

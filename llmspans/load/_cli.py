@@ -268,7 +268,16 @@ class _Progress:
 
 
 def run(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
-    """`llmspans load` with parsed arguments."""
+    """`llmspans load` with parsed arguments. Ctrl-C during the run stops it and prints what it has;
+    outside that window (while the SDK imports, or a second Ctrl-C) it ends at once, with one line."""
+    try:
+        return _run(args, stdin)
+    except KeyboardInterrupt:
+        print("\nllmspans load: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace, stdin: TextIO | None) -> int:
     try:
         workload, plan = _plan(args)
         import openai  # noqa: F401  (only to say how to install it before anything starts)
