@@ -929,6 +929,9 @@ client.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "co
 """
 
 
+@pytest.mark.timeout(
+    600
+)  # 25 fresh interpreters: about 40 s on a quiet machine, several times that when busy
 def test_the_first_call_right_after_instrument_succeeds_in_every_fresh_process() -> None:
     """The sampler thread used to `import httpx` while the app's first request ran; the openai 3.x
     SDK looks `httpx` up in `sys.modules` and failed on the half-imported module in about one

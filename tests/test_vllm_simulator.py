@@ -369,22 +369,21 @@ def test_structured_output_waits_deferred_and_lets_others_pass() -> None:
 def test_admission_control_rejects_past_max_waiting() -> None:
     config = EngineConfig(version=FAMILIES["0.33"], max_num_seqs=1, max_waiting=1, decode_per_token=0.01)
     with VLLMSimulator(config) as sim:
-        holder = busy(sim)
         waiting = threading.Thread(
             target=raw_stream,
             args=(sim, {"model": MODEL, "messages": ask(), "stream": True, "max_tokens": 1}),
         )
-        waiting.start()
-        assert sim.wait_for_state(lambda w, running: w == 1)
-        rejected = httpx.post(
-            sim.base_url + "/chat/completions", json={"model": MODEL, "messages": ask()}, timeout=10
-        )
-        totals = counter_totals(sim)
-        for thread in (holder, waiting):
-            thread.join(10)
+        with sim.held():  # the queue stays full, however slowly a busy machine runs this test
+            waiting.start()
+            assert sim.wait_for_state(lambda w, running: w == 1, 30.0)
+            rejected = httpx.post(
+                sim.base_url + "/chat/completions", json={"model": MODEL, "messages": ask()}, timeout=10
+            )
+            totals = counter_totals(sim)
+        waiting.join(10)
     assert rejected.status_code == 503
     assert totals["vllm:admission_rejections"] == 1
-    assert len(sim.requests) == 2  # the rejected one never reached the engine
+    assert len(sim.requests) == 1  # the rejected one never reached the engine
 
 
 def test_engine_request_prompt_tokens_count_words() -> None:

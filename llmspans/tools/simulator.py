@@ -145,6 +145,8 @@ class RecordedRequest:
     status: int | None = None
     headers_sent_ns: int | None = None
     chunk_sent_ns: list[int] = field(default_factory=list)
+    # When each content chunk was due: its write began no earlier, so no client can have read it before.
+    chunk_due_ns: list[int] = field(default_factory=list)
     finished_ns: int | None = None
     raw_body: bytes = field(default=b"", repr=False)  # as received, for bodies that are not JSON
     # How late the latest-waking of this answer's timed writes woke (its own stamp minus the time it
@@ -655,6 +657,7 @@ class Exchange:
             if i == b.drop_after:
                 self.drop()
             frame = content(i)
+            rec.chunk_due_ns.append(deadline)
             self.wait_until(deadline)
             sock.sendall(frame)
             now = time.perf_counter_ns()
