@@ -565,3 +565,26 @@ def test_a_long_stream_is_kept_to_the_limit_as_it_arrives() -> None:
     # 1,000 characters kept; the other 201,000 that came (200 chunks before, 20,000 after) counted.
     assert message["parts"][0]["content"] == "0123456789" * 100 + "…[+201000 chars]"
     assert message["finish_reason"] == "error"
+
+
+STREAMS = [
+    name for name in recorded.names() if recorded.load(name).streamed and recorded.load(name).status == 200
+]
+
+
+@pytest.mark.parametrize("name", STREAMS)
+async def test_the_sdk_and_a_plain_client_count_the_same_chunks_of_a_stream(
+    name: str, replay: ReplayServer, captured: Captured
+) -> None:
+    """Reasoning and refusal deltas are generated tokens on both paths (the first of them is the first token)."""
+    recording = replay.play(recorded.load(name))
+    seen = []
+    for kind in ("openai.OpenAI", "httpx.Client"):
+        captured.clear()
+        await call(kind, replay, recording, capture=False)
+        attributes = call_span(captured).attributes
+        seen.append(
+            (attributes[names.STREAM_CHUNKS], tuple(attributes[names.GEN_AI_RESPONSE_FINISH_REASONS]))
+        )
+    assert seen[0] == seen[1]
+    assert seen[0][0] > 0

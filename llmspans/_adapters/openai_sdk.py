@@ -135,11 +135,13 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
         content = False
         for choice in choices:
             delta = choice.delta
-            if not content and delta is not None:
-                text = delta.content
-                if text or delta.tool_calls or getattr(delta, "reasoning_content", None):
-                    content = True  # one content chunk however many choices it carries
-                    record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
+            if (
+                not content
+                and delta is not None
+                and (delta.content or delta.tool_calls or delta.refusal or _reasoning_in(delta))
+            ):
+                content = True  # one content chunk however many choices it carries
+                record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
             reason = choice.finish_reason
             if reason:
                 record.choice_finished(choice.index, reason)
@@ -147,6 +149,13 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
         _usage(record, usage)
         return reading.hide_usage and not choices
     return False
+
+
+def _reasoning_in(delta: Any) -> bool:
+    """Reasoning in a chunk: vLLM's `reasoning` or DeepSeek's `reasoning_content`, fields the SDK's types
+    do not declare (a model keeps them in its extras: looked up there, not through `getattr`'s exception)."""
+    extra = getattr(delta, "__pydantic_extra__", None)
+    return bool(extra and (extra.get("reasoning") or extra.get("reasoning_content")))
 
 
 def _tokens_in(record: CallRecord, usage: Any) -> int:
