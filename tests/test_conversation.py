@@ -588,3 +588,116 @@ async def test_the_sdk_and_a_plain_client_count_the_same_chunks_of_a_stream(
         )
     assert seen[0] == seen[1]
     assert seen[0][0] > 0
+
+
+# --- what the recordings do not show -------------------------------------------------------------
+
+
+def test_legacy_completions_give_one_message_per_choice_streamed_or_not() -> None:
+    whole = OutputMessages(limit=1000)
+    whole.whole(
+        {
+            "object": "text_completion",
+            "choices": [
+                {"text": " one", "index": 0, "logprobs": None, "finish_reason": "length"},
+                {"text": " two", "index": 1, "logprobs": None, "finish_reason": "stop"},
+            ],
+        }
+    )
+    streamed = OutputMessages(limit=1000)
+    for index, piece, reason in ((1, " tw", None), (0, " one", "length"), (1, "o", "stop")):
+        streamed.completion_chunk({"choices": [{"text": piece, "index": index, "finish_reason": reason}]})
+    expected = [answer(text(" one"), finish="length"), answer(text(" two"))]
+    assert whole.messages() == streamed.messages() == expected
+
+
+def test_a_responses_answer_says_how_it_ended() -> None:
+    def ended(**response: Any) -> Any:
+        output = OutputMessages(limit=1000)
+        output.whole({"object": "response", **response})
+        return output.messages()
+
+    message = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Par"}]}
+    incomplete = {"reason": "max_output_tokens"}
+    assert ended(status="incomplete", incomplete_details=incomplete, output=[message]) == [
+        answer(text("Par"), finish="length")
+    ]
+    assert ended(status="failed", output=[]) is None  # the model returned nothing
+    searched = {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"query": "x"}}
+    assert ended(status="completed", output=[searched, message]) == [
+        answer(
+            {
+                "type": "server_tool_call",
+                "id": "ws_1",
+                "name": "web_search",
+                "server_tool_call": {"type": "web_search"},
+            },
+            text("Par"),
+        )
+    ]
+    custom = {"type": "custom_tool_call", "call_id": "call_9", "name": "run_sql", "input": "SELECT 1"}
+    assert ended(status="completed", output=[custom]) == [
+        answer(
+            {"type": "tool_call", "id": "call_9", "name": "run_sql", "arguments": "SELECT 1"},
+            finish="tool_call",
+        )
+    ]
+
+
+def test_the_deprecated_function_call_is_a_tool_call_in_and_out() -> None:
+    from llmspans._conversation import input_messages
+
+    call = {"name": "get_weather", "arguments": '{"location": "Oslo"}'}
+    output = OutputMessages(limit=1000)
+    output.whole(
+        {
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": None, "function_call": call},
+                    "finish_reason": "function_call",
+                }
+            ],
+        }
+    )
+    part = {"type": "tool_call", "id": None, "name": "get_weather", "arguments": {"location": "Oslo"}}
+    assert output.messages() == [answer(part, finish="tool_call")]
+    sent_back = [
+        {"role": "assistant", "content": None, "function_call": call},
+        {"role": "function", "name": "get_weather", "content": "rain"},
+    ]
+    assert input_messages({"messages": sent_back}) == [
+        {"role": "assistant", "parts": [part]},
+        {
+            "role": "function",
+            "parts": [{"type": "tool_call_response", "id": None, "response": "rain"}],
+            "name": "get_weather",
+        },
+    ]
+
+
+def test_responses_input_items_sent_back_keep_their_reasoning_and_tool_calls() -> None:
+    from llmspans._conversation import input_messages
+
+    body = {
+        "input": [
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Look it up."}]},
+            {"type": "custom_tool_call", "call_id": "call_9", "name": "run_sql", "input": "SELECT 1"},
+            {"type": "custom_tool_call_output", "call_id": "call_9", "output": "1"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "It is 1."}],
+            },
+        ]
+    }
+    assert input_messages(body) == [
+        {"role": "assistant", "parts": [{"type": "reasoning", "content": "Look it up."}]},
+        {
+            "role": "assistant",
+            "parts": [{"type": "tool_call", "id": "call_9", "name": "run_sql", "arguments": "SELECT 1"}],
+        },
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_9", "response": "1"}]},
+        {"role": "assistant", "parts": [text("It is 1.")]},
+    ]
