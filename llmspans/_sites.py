@@ -17,6 +17,7 @@ CALL_RELEASE: Final = "call.release"
 CALL_SERVER_STATE: Final = "call.server_state"
 CALL_SPAN_END: Final = "call.span_end"
 CLASS_INSTRUMENT: Final = "class.instrument"
+CONTENT_CHUNK: Final = "content.chunk"  # keeping a streamed chunk's content (capture on)
 DEFERRED_WORK: Final = "deferred.work"
 HTTPX_BEGIN: Final = "httpx.begin"
 HTTPX_CONTENT: Final = "httpx.content"
@@ -57,6 +58,7 @@ ALL: Final = frozenset(
         CALL_SERVER_STATE,
         CALL_SPAN_END,
         CLASS_INSTRUMENT,
+        CONTENT_CHUNK,
         DEFERRED_WORK,
         HTTPX_BEGIN,
         HTTPX_CONTENT,

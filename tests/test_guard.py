@@ -213,6 +213,7 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.CALL_SERVER_STATE: (server_state, None),
     sites.CALL_SPAN_END: (openai_call, lambda: patched(SdkSpan, "end", raising)),
     sites.CLASS_INSTRUMENT: (class_level_call, None),
+    sites.CONTENT_CHUNK: (lambda url: openai_stream(url, capture_content=True), None),
     sites.DEFERRED_WORK: (deferred_job, lambda: patched(Work, "run", raising)),
     sites.HTTPX_BEGIN: (plain_call, None),
     sites.HTTPX_CONTENT: (lambda url: plain_call(url, capture_content=True), None),

@@ -878,9 +878,10 @@ def sse_events(draw: st.DrawFn) -> tuple[str, str | None]:
 
 
 @st.composite
-def sse_bodies(draw: st.DrawFn) -> tuple[bytes, list[str], bool]:
-    """A whole SSE body, the texts of its content events, and whether it said it was over (a
-    `[DONE]` or a finish reason); blank keep-alive lines between events."""
+def sse_bodies(draw: st.DrawFn) -> tuple[bytes, list[str], bool, bool]:
+    """A whole SSE body, the texts of its content events, whether it said it was over (a `[DONE]` or a
+    finish reason) and whether its choice finished (a finish reason); blank keep-alive lines between
+    events."""
     newline = draw(st.sampled_from(["\n", "\r\n", "\r"]))
     events = draw(st.lists(sse_events(), max_size=12))
     parts = []
@@ -891,7 +892,7 @@ def sse_bodies(draw: st.DrawFn) -> tuple[bytes, list[str], bool]:
         parts.append("data: [DONE]\n\n")
     body = "".join(parts).replace("\n", newline).encode()
     finished = any(text is None and '"finish_reason"' in lines for lines, text in events)
-    return body, [text for _, text in events if text is not None], done or finished
+    return body, [text for _, text in events if text is not None], done or finished, finished
 
 
 @st.composite
@@ -933,8 +934,8 @@ def test_random_sse_bodies_reach_the_app_unchanged_and_are_counted(
 
     @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(generated=sse_bodies(), data=st.data())
-    def check(generated: tuple[bytes, list[str], bool], data: st.DataObject) -> None:
-        body, texts, said_over = generated
+    def check(generated: tuple[bytes, list[str], bool, bool], data: st.DataObject) -> None:
+        body, texts, said_over, finished = generated
         scripted.pieces = data.draw(pieces_of(body))
         captured.clear()
         received = loop.run_until_complete(read())
@@ -942,8 +943,15 @@ def test_random_sse_bodies_reach_the_app_unchanged_and_are_counted(
         span = call_span(captured)
         assert attempt_spans(captured) == []
         assert span.attributes[names.STREAM_CHUNKS] == len(texts)
-        (answer,) = json.loads(span.attributes[names.GEN_AI_OUTPUT_MESSAGES])
-        assert answer["parts"][0]["content"] == "".join(texts)
+        if texts or finished:  # one choice: its text, and `error` when nothing said it was over
+            (answer,) = json.loads(span.attributes[names.GEN_AI_OUTPUT_MESSAGES])
+            assert answer == {
+                "role": "assistant",
+                "parts": [{"type": "text", "content": "".join(texts)}],
+                "finish_reason": "stop" if finished else "error",
+            }
+        else:  # the model answered nothing: no output messages at all
+            assert names.GEN_AI_OUTPUT_MESSAGES not in span.attributes
         if said_over:
             assert span.attributes[names.STREAM_OUTCOME] == "completed"
             assert names.ERROR_TYPE not in span.attributes

@@ -21,7 +21,7 @@ import wrapt
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from llmspans import _content, _openai_wire, _transport
+from llmspans import _content, _conversation, _openai_wire, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._adapters import openai_entry
@@ -89,7 +89,11 @@ class _Reading:
         self.hide_usage = hide_usage
         self.capture = capture
         # Embeddings have no output message to record: not even an empty one.
-        self.output: list[str] | None = [] if capture and not operation.endswith("/embeddings") else None
+        self.output: _conversation.OutputMessages | None = (
+            _conversation.OutputMessages(_content.limit(record))
+            if capture and not operation.endswith("/embeddings")
+            else None
+        )
 
 
 # --- reading the SDK's objects -------------------------------------------------------------
@@ -131,13 +135,13 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
         content = False
         for choice in choices:
             delta = choice.delta
-            if not content and delta is not None:
-                text = delta.content
-                if text or delta.tool_calls or getattr(delta, "reasoning_content", None):
-                    content = True  # one content chunk however many choices it carries
-                    record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
-                    if reading.output is not None and text:
-                        reading.output.append(text)
+            if (
+                not content
+                and delta is not None
+                and (delta.content or delta.tool_calls or delta.refusal or _reasoning_in(delta))
+            ):
+                content = True  # one content chunk however many choices it carries
+                record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
             reason = choice.finish_reason
             if reason:
                 record.choice_finished(choice.index, reason)
@@ -145,6 +149,13 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
         _usage(record, usage)
         return reading.hide_usage and not choices
     return False
+
+
+def _reasoning_in(delta: Any) -> bool:
+    """Reasoning in a chunk: vLLM's `reasoning` or DeepSeek's `reasoning_content`, fields the SDK's types
+    do not declare (a model keeps them in its extras: looked up there, not through `getattr`'s exception)."""
+    extra = getattr(delta, "__pydantic_extra__", None)
+    return bool(extra and (extra.get("reasoning") or extra.get("reasoning_content")))
 
 
 def _tokens_in(record: CallRecord, usage: Any) -> int:
@@ -161,11 +172,8 @@ def _completion_item(reading: _Reading, item: Any, now: int) -> bool:
         _first_chunk(record, item)
     choices = item.choices
     if choices:
-        text = choices[0].text
-        if text:
+        if choices[0].text:
             record.content_chunk(now)
-            if reading.output is not None:
-                reading.output.append(text)
         for choice in choices:
             if choice.finish_reason:
                 record.choice_finished(getattr(choice, "index", None), choice.finish_reason)
@@ -178,24 +186,52 @@ def _completion_item(reading: _Reading, item: Any, now: int) -> bool:
 
 def _responses_item(reading: _Reading, item: Any, now: int) -> bool:
     kind = getattr(item, "type", None)
-    answer = RESPONSES_DELTAS.get(kind) if isinstance(kind, str) else None
-    if answer is not None:
-        delta = getattr(item, "delta", None)
-        if delta:
+    if isinstance(kind, str) and kind in RESPONSES_DELTAS:
+        if getattr(item, "delta", None):
             reading.record.content_chunk(now)
-            if reading.output is not None and answer:
-                reading.output.append(delta)
     elif kind in _RESPONSE_EVENTS:
         _apply(reading.record, _openai_wire.read_response_event(kind, getattr(item, "response", None)))
     return False
 
 
-def _item_reader(operation_path: str) -> Callable[[_Reading, Any, int], bool]:
+def _item_reader(operation_path: str, capturing: bool) -> Callable[[_Reading, Any, int], bool]:
+    """The per-chunk reader of an operation's stream; with content capture, one that also keeps the
+    answer's pieces (the readers themselves never look at content, so capture off costs nothing)."""
     if operation_path.endswith("/responses"):
-        return _responses_item
+        return _capturing_responses_item if capturing else _responses_item
     if operation_path.endswith("/chat/completions"):
-        return _chat_item
-    return _completion_item
+        return _capturing_chat_item if capturing else _chat_item
+    return _capturing_completion_item if capturing else _completion_item
+
+
+def _capturing_chat_item(reading: _Reading, item: Any, now: int) -> bool:
+    hidden = _chat_item(reading, item, now)
+    try:
+        check_fault(sites.CONTENT_CHUNK)
+        reading.output.chat_chunk(item)  # type: ignore[union-attr]
+    except Exception as failure:  # the answer's content is incomplete; its timing is not
+        report(sites.CONTENT_CHUNK, failure)
+    return hidden
+
+
+def _capturing_completion_item(reading: _Reading, item: Any, now: int) -> bool:
+    hidden = _completion_item(reading, item, now)
+    try:
+        check_fault(sites.CONTENT_CHUNK)
+        reading.output.completion_chunk(item)  # type: ignore[union-attr]
+    except Exception as failure:
+        report(sites.CONTENT_CHUNK, failure)
+    return hidden
+
+
+def _capturing_responses_item(reading: _Reading, item: Any, now: int) -> bool:
+    hidden = _responses_item(reading, item, now)
+    try:
+        check_fault(sites.CONTENT_CHUNK)
+        reading.output.responses_event(item)  # type: ignore[union-attr]
+    except Exception as failure:
+        report(sites.CONTENT_CHUNK, failure)
+    return hidden
 
 
 def _read_result(reading: _Reading, result: Any) -> None:
@@ -209,10 +245,10 @@ def _read_result(reading: _Reading, result: Any) -> None:
         if usage is not None:
             _usage(record, usage)
         return
-    info = _openai_wire.read_payload(result)
-    _apply(reading.record, info)
+    _apply(reading.record, _openai_wire.read_payload(result))
     if reading.output is not None:
-        reading.output = [info.content_text] if info.content_text is not None else []
+        with swallow(sites.OPENAI_CONTENT):
+            reading.output.whole(result)
 
 
 def _read_failed_answer(reading: _Reading) -> None:
@@ -242,7 +278,7 @@ def _finish(
 ) -> None:
     if reading.output is not None and not reading.record.finished:
         with swallow(sites.OPENAI_CONTENT):
-            _content.write_output(reading.record, reading.capture, "".join(reading.output))
+            _content.write_output(reading.record, reading.capture, reading.output)
     reading.record.finish(outcome, error=error, now_ns=at_ns)
 
 
@@ -345,7 +381,8 @@ class OpenAIInstrumentation:
                 proxy: type[Any] = (
                     AsyncStreamProxy if isinstance(result, self._stream_types[1]) else SyncStreamProxy
                 )
-                on_item = functools.partial(_item_reader(reading.operation), reading)  # called once per chunk
+                reader = _item_reader(reading.operation, reading.output is not None)
+                on_item = functools.partial(reader, reading)  # called once per chunk
                 return proxy(result, reading.record, on_item, functools.partial(_finish, reading))
             if isinstance(result, self._raw_types):
                 return self._wrap_raw(reading, result)
