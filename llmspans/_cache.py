@@ -54,6 +54,7 @@ class CallDurations:
         self._lock = threading.Lock()
         self._all: deque[int] = deque(maxlen=WINDOW)
         self._by_model: dict[str, deque[int]] = {}
+        self._medians: dict[str | None, int] = {}  # until the next call: hits between calls sort nothing
 
     def finished(self, record: Any, outcome: str, duration_ns: int) -> None:
         if outcome != names.OUTCOME_COMPLETED or record.error_type is not None:
@@ -61,6 +62,8 @@ class CallDurations:
         model = record.shape.span_attributes.get(names.GEN_AI_REQUEST_MODEL)
         with self._lock:
             self._all.append(duration_ns)
+            if self._medians:
+                self._medians.clear()
             if isinstance(model, str):
                 window = self._by_model.get(model)
                 if window is None:
@@ -72,11 +75,15 @@ class CallDurations:
     def median_ns(self, model: str | None) -> int | None:
         """The nearest-rank p50 of the window for `model` (all models for None); None when it is empty."""
         with self._lock:
+            median = self._medians.get(model)
+            if median is not None:
+                return median
             window = self._all if model is None else self._by_model.get(model)
-            values = sorted(window) if window else None
-        if not values:
-            return None
-        return values[(len(values) + 1) // 2 - 1]
+            if not window:
+                return None
+            values = sorted(window)
+            median = self._medians[model] = values[(len(values) + 1) // 2 - 1]
+        return median
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()

@@ -88,6 +88,12 @@ def test_the_report_counts_what_the_prompt_caps_did(
         f"{format_seconds(_p(under, 0.95))} under it (4)"
     ) in paragraph
     assert "the estimate against the server's input tokens p50 1.60x, p95 1.60x (chars/4)" in paragraph
+    # The triage says what long prompts cost when the calls over the cap waited 1.5x as long or more.
+    slower = _p(over, 0.95) / _p(under, 0.95)
+    said = "calls over the prompt cap waited" in " ".join(text.split())
+    assert said is (slower >= 1.5)
+    if said:
+        assert f"waited {slower:.1f}x longer for their first token at p95" in " ".join(text.split())
 
 
 def test_the_report_counts_what_each_cache_did(

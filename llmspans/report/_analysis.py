@@ -322,6 +322,7 @@ class Analysis:
             limiters=self._limiter_rows(),
             server=self._server.result(),
             pressure=self._pressure.result(),
+            prompt_caps=self._prompt_caps.result(),
         )
         notes = tuple(
             f"--budgets names stage '{stage}', which no span has"
@@ -357,7 +358,7 @@ class Analysis:
             slowest=tuple(entry[2] for entry in sorted(self._slowest, reverse=True)),
             notes=notes,
             levels=levels,
-            prompt_caps=self._prompt_caps.result(),
+            prompt_caps=figures.prompt_caps,
             caches=self._caches.result(),
             samples=samples if self.traces else {},
         )

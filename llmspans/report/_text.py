@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Iterable, Sequence
 
@@ -14,8 +15,15 @@ WIDTH = 100
 _QUANTILE_HEADERS = ("count", "p50", "p95", "p99", "max")
 
 
+_FIGURE = re.compile(r"(\d) (ms|s)\b")
+_KEEP = "\u00a0"  # textwrap breaks lines at ASCII whitespace only
+
+
 def _wrap(text: str, indent: str = "  ") -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    """Lines of at most WIDTH; a figure and its unit stay on one line."""
+    kept = _FIGURE.sub(rf"\1{_KEEP}\2", text)
+    lines = textwrap.wrap(kept, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    return [line.replace(_KEEP, " ") for line in lines]
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], first_width: int = 30) -> list[str]:

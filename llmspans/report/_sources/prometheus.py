@@ -516,6 +516,7 @@ def _report(
         None,
     )
     server_histograms = _server_histograms(api, window)
+    prompt_caps, cap_notes = _prompt_caps(api, service, window)
     figures = Figures(
         variability=variability,
         retries=retries,
@@ -523,6 +524,7 @@ def _report(
         limiters=_limiters(api, select, window, service),
         server=None,
         histograms=server_histograms,
+        prompt_caps=prompt_caps,
     )
     notes = [
         "from Prometheus: quantiles are interpolated inside histogram buckets, per span and per call (not per "
@@ -534,7 +536,6 @@ def _report(
         for stage in overrides
         if stage not in stage_rows
     ]
-    prompt_caps, cap_notes = _prompt_caps(api, service, window)
     notes += cap_notes
     caches = _caches(api, service, window)
     if caches:
