@@ -2,9 +2,10 @@
 
 Three charts: a stacked bar of a request's parts at p50, p95 and p99 (one segment per part,
 every LLM bucket included even when it is zero), each stage's distribution against its
-budget line, and a waterfall of the slowest traces with the LLM calls split into buckets.
-Elements carry `data-*` attributes (part, quantile, stage, budget, trace id) so tests and
-other tools can read the rendered page.
+budget line, and a waterfall of the slowest traces with the LLM calls split into buckets;
+tables for the load levels, the server's split and the levers, where the input has them.
+Elements carry `data-*` attributes (part, quantile, stage, budget, trace id, cache) so tests
+and other tools can read the rendered page.
 """
 
 from __future__ import annotations
