@@ -136,6 +136,9 @@ class CallRecord:
     bytes_at_ns = 0
     # Run once the call is over, e.g. handing a limiter slot back.
     on_release: Callable[[], None] | None = None
+    # A lever the call is under (a prompt cap's estimate, the caches' window of call durations), told
+    # once the call is written: `finished(record, outcome, duration_ns)`. None for most calls.
+    lever: Any = None
     # The serving engine's latest sampled state (vLLM's queue, batch, KV cache), stamped at admission.
     server_state: Callable[[], Mapping[str, AttributeValue]] | None = None
     # Gaps between chunks: the conventions' per-chunk histogram, counted as they come (or recorded
@@ -488,6 +491,8 @@ class CallRecord:
         self._record_metrics(buckets, duration_ns, exceeded)
         if self.turn is not None:
             self.turn.add(names.STAGE_LLM, duration_ns)
+        if self.lever is not None:
+            self.lever.finished(self, outcome, duration_ns)
 
     def _write_span(self, outcome: str, buckets: Mapping[str, int], final_status: int | None) -> None:
         """The call span's attributes and events; only for a span that records (docs/telemetry.md lists

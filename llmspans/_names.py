@@ -133,6 +133,24 @@ BUDGET_CUT: Final = "llmspans.budget.cut"
 LOAD_LEVEL: Final = "llmspans.load.level"  # e.g. "concurrency=8" or "rate=4" (requests/s)
 LOAD_RUN_ID: Final = "llmspans.load.run_id"
 
+# Levers (docs/telemetry.md, README "Levers"): a prompt cap on an instrumented client, and cache lookups.
+# A capped call's prompt size as estimated before sending, by what, against which cap, and the estimate over
+# the server's own count once it answered (`gen_ai.usage.input_tokens`).
+PROMPT_ESTIMATED_TOKENS: Final = "llmspans.prompt.estimated_tokens"
+PROMPT_ESTIMATOR: Final = "llmspans.prompt.estimator"  # `chars/4`, `tiktoken:<encoding>`, `hf:<name>`
+PROMPT_CAP: Final = "llmspans.prompt.cap"
+PROMPT_OVER_CAP: Final = "llmspans.prompt.over_cap"  # also on a capped call's metrics
+PROMPT_ESTIMATE_RATIO: Final = "llmspans.prompt.estimate_ratio"
+ESTIMATOR_CHARS: Final = "chars/4"
+ERROR_PROMPT_TOO_LARGE: Final = "PromptTooLarge"  # error.type of a call a cap refused to send
+# A cache lookup: a stage span (`llmspans.stage` = `cache`) with the cache's name, hit or miss, and on a
+# hit the LLM time it saved as estimated from this process's own calls.
+STAGE_CACHE: Final = "cache"
+CACHE_NAME: Final = "llmspans.cache.name"
+CACHE_HIT: Final = "llmspans.cache.hit"
+CACHE_MODEL: Final = "llmspans.cache.model"
+CACHE_SAVED_ESTIMATE: Final = "llmspans.cache.saved_estimate"
+
 TURN_STAGE_PREFIX: Final = "llmspans.turn.stage."
 TURN_DOMINANT_STAGE: Final = "llmspans.turn.dominant_stage"
 
@@ -164,6 +182,9 @@ METRIC_CONNECT_NEW: Final = "llmspans.connect.new"
 METRIC_LIMITER_IN_FLIGHT: Final = "llmspans.limiter.in_flight"
 METRIC_LIMITER_QUEUE_DEPTH: Final = "llmspans.limiter.queue_depth"
 METRIC_LIMITER_CAP: Final = "llmspans.limiter.cap"
+METRIC_PROMPT_ESTIMATE_RATIO: Final = PROMPT_ESTIMATE_RATIO
+METRIC_CACHE_LOOKUPS: Final = "llmspans.cache.lookups"
+METRIC_CACHE_SAVED_ESTIMATE: Final = CACHE_SAVED_ESTIMATE
 
 # The SDK's attribute set for points beyond an instrument's cardinality limit (llmspans' own aggregation too).
 METRIC_OVERFLOW: Final = "otel.metric.overflow"
@@ -196,6 +217,8 @@ SPEED_BOUNDARIES: Final = (
     5000.0,
     10000.0,
 )
+# The prompt estimate over the server's count: 1 is exact, below 1 the estimate was low.
+RATIO_BOUNDARIES: Final = (0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0)
 CHUNK_BOUNDARIES: Final = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
 # --- OpenInference (Arize Phoenix), opt-in: configure(openinference=True) or LLMSPANS_OPENINFERENCE ------

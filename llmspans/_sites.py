@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
+CACHE_HIT: Final = "cache.hit"
 CALL_ADMITTED: Final = "call.admitted"
 CALL_CHUNK_METRIC: Final = "call.chunk_metric"
 CALL_EXIT: Final = "call.exit"
@@ -27,6 +28,9 @@ OPENAI_CONTENT: Final = "openai.content"
 OPENAI_COPY: Final = "openai.copy"
 OPENAI_RAW: Final = "openai.raw"
 OPENAI_RESULT: Final = "openai.result"
+PROMPT_COMPARE: Final = "prompt.compare"
+PROMPT_ESTIMATE: Final = "prompt.estimate"
+PROMPT_TOKENIZER: Final = "prompt.tokenizer"
 STAGE_FINISH: Final = "stage.finish"
 STAGE_SPAN_END: Final = "stage.span_end"
 STREAM_CHUNK: Final = "stream.chunk"
@@ -50,6 +54,7 @@ TURN_SPAN_END: Final = "turn.span_end"
 
 ALL: Final = frozenset(
     {
+        CACHE_HIT,
         CALL_ADMITTED,
         CALL_CHUNK_METRIC,
         CALL_EXIT,
@@ -68,6 +73,9 @@ ALL: Final = frozenset(
         OPENAI_COPY,
         OPENAI_RAW,
         OPENAI_RESULT,
+        PROMPT_COMPARE,
+        PROMPT_ESTIMATE,
+        PROMPT_TOKENIZER,
         STAGE_FINISH,
         STAGE_SPAN_END,
         STREAM_CHUNK,

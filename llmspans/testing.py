@@ -24,12 +24,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmspans import (
     _budget,
+    _cache,
     _content,
     _deferred,
     _guard,
     _instrument,
     _openinference,
     _phases,
+    _prompt,
     _settings,
     _telemetry,
 )
@@ -41,7 +43,8 @@ def reset() -> None:
     """Forget the process-wide choices and memories a test may have left behind, so the next starts
     clean: the budgets (configured and from `LLMSPANS_BUDGETS`, read again), the content-capture,
     attempt-span, phase-span and OpenInference choices of `configure()` (from the environment again),
-    class-level instrumentation, and which internal errors were already logged once.
+    class-level instrumentation, which internal errors were already logged once, the caches' window of
+    call durations, and the tokenizers prompt caps loaded.
 
     Providers and exporters that `configure()` set up stay (OpenTelemetry allows them once per
     process); `capture()` gives each test its own.
@@ -53,6 +56,8 @@ def reset() -> None:
     _openinference.reset()
     _instrument.uninstrument_all()
     _guard.forget_reported()
+    _cache.stop_watching()
+    _prompt.forget()
 
 
 def settle(timeout: float = 10.0) -> bool:

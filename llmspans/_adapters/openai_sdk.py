@@ -28,7 +28,7 @@ from llmspans._adapters import openai_entry
 from llmspans._adapters.body_readers import StreamObserver
 from llmspans._adapters.openai_entry import called_at
 from llmspans._call import CallRecord
-from llmspans._guard import check_fault, report, swallow
+from llmspans._guard import Deliberate, check_fault, report, swallow
 from llmspans._openai_wire import RESPONSES_DELTAS, ChunkInfo
 from llmspans._settings import Settings
 from llmspans._stream import AsyncStreamProxy, SyncStreamProxy
@@ -336,6 +336,8 @@ class OpenAIInstrumentation:
         try:
             check_fault(sites.OPENAI_BEGIN)
             return self._open(options)
+        except Deliberate:  # a prompt cap refusing the call: the app's to see
+            raise
         except Exception as failure:
             report(sites.OPENAI_BEGIN, failure)
             return None

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from llmspans import _names as names
+from llmspans.report._levers import CacheCollector, PromptCapCollector
 from llmspans.report._model import (
     KIND_BUCKET,
     KIND_LEVEL,
@@ -55,6 +56,7 @@ from llmspans.report._triage import Figures, triage, variability_of
 
 _APP_EXCLUDED = (names.STAGE_LLM, names.STAGE_TURN)
 _BUDGET, _BUDGET_EXCEEDED, _LLM = names.BUDGET, names.BUDGET_EXCEEDED, names.STAGE_LLM
+_CACHE, _OVER_CAP = names.STAGE_CACHE, names.PROMPT_OVER_CAP
 _KIND_ORDER = {KIND_STAGE: 0, KIND_BUCKET: 1, KIND_OTHER: 2}
 _BUCKET_ORDER = {bucket: index for index, bucket in enumerate(names.BUCKETS)}
 Order = tuple[int, ...]  # where something first appeared in the input; smaller is earlier
@@ -157,6 +159,9 @@ class Analysis:
         self._levels: dict[tuple[str, str], _Level] = {}  # by (run id, level)
         self._server = ServerSplitter()
         self._pressure = PressureCollector()
+        self._prompt_caps = PromptCapCollector()
+        self._caches = CacheCollector()
+        self._lookups: list[Span] = []  # the cache lookups of the trace being added
         self._slowest: list[tuple[int, int, SlowTrace]] = []  # heap of (duration, -index, trace): worst first
 
     def _wanted(self, trace: Trace) -> bool:
@@ -174,6 +179,9 @@ class Analysis:
         index = trace.index
         for position, span in enumerate(trace.marked):
             self._add_span(span, index, position)
+        if self._lookups:
+            self._caches.add(trace, self._lookups)
+            self._lookups.clear()
         totals = trace.parts()
         parts, part_first = self._parts, self._part_first
         for position, (key, value) in enumerate(totals.items()):
@@ -221,6 +229,8 @@ class Analysis:
             row.exceeded += flag
         if stage == _LLM:
             self._add_call(span, (index, position))
+        elif stage == _CACHE:
+            self._lookups.append(span)
 
     def _add_call(self, call: Span, where: tuple[int, int]) -> None:
         self._calls += 1
@@ -231,6 +241,8 @@ class Analysis:
         failed = _call_failed(call)
         self._successful += not failed
         attributes = call.attributes
+        if _OVER_CAP in attributes:
+            self._prompt_caps.add(call, failed)
         level = attributes.get(names.LOAD_LEVEL)
         if isinstance(level, str):
             self._add_level(call, level, failed, where)
@@ -310,6 +322,7 @@ class Analysis:
             limiters=self._limiter_rows(),
             server=self._server.result(),
             pressure=self._pressure.result(),
+            prompt_caps=self._prompt_caps.result(),
         )
         notes = tuple(
             f"--budgets names stage '{stage}', which no span has"
@@ -345,6 +358,8 @@ class Analysis:
             slowest=tuple(entry[2] for entry in sorted(self._slowest, reverse=True)),
             notes=notes,
             levels=levels,
+            prompt_caps=figures.prompt_caps,
+            caches=self._caches.result(),
             samples=samples if self.traces else {},
         )
 

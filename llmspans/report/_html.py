@@ -2,9 +2,10 @@
 
 Three charts: a stacked bar of a request's parts at p50, p95 and p99 (one segment per part,
 every LLM bucket included even when it is zero), each stage's distribution against its
-budget line, and a waterfall of the slowest traces with the LLM calls split into buckets.
-Elements carry `data-*` attributes (part, quantile, stage, budget, trace id) so tests and
-other tools can read the rendered page.
+budget line, and a waterfall of the slowest traces with the LLM calls split into buckets;
+tables for the load levels, the server's split and the levers, where the input has them.
+Elements carry `data-*` attributes (part, quantile, stage, budget, trace id, cache) so tests
+and other tools can read the rendered page.
 """
 
 from __future__ import annotations
@@ -282,6 +283,49 @@ def _levels(report: Report) -> str:
     )
 
 
+def _levers(report: Report) -> str:
+    """What the prompt caps and caches did: a table each (README "Levers")."""
+
+    def cell(found: Distribution | None, q: float) -> str:
+        return "-" if found is None else seconds(found.at(q))
+
+    out = ['<section id="levers"><h2>Levers: prompt caps and caches</h2>']
+    caps = report.prompt_caps
+    if caps is not None:
+        ratio = caps.estimate_ratio
+        out.append(
+            f'<table class="prompt-caps" data-calls="{caps.calls}" data-over="{caps.over}" '
+            f'data-refused="{caps.refused}" data-share-over="{caps.share_over:.6f}"><tr><th>capped calls</th>'
+            "<th>over the cap</th><th>refused</th><th>first_token p50 / p95 over</th>"
+            "<th>first_token p50 / p95 under</th><th>estimate / server p50</th></tr>"
+            f"<tr><td>{caps.calls}</td><td>{caps.over} ({caps.share_over:.0%})</td><td>{caps.refused}</td>"
+            f"<td>{cell(caps.first_token_over, 0.5)} / {cell(caps.first_token_over, 0.95)}</td>"
+            f"<td>{cell(caps.first_token_under, 0.5)} / {cell(caps.first_token_under, 0.95)}</td>"
+            f"<td>{'-' if ratio is None else f'{ratio.p50:.2f}x'}</td></tr></table>"
+            f'<p class="meta">Estimated by {escape(", ".join(caps.estimators) or "an unrecorded estimator")}; '
+            "first_token of the calls sent and answered.</p>"
+        )
+    if report.caches:
+        rows = "".join(
+            f'<tr class="cache" data-cache="{escape(cache.name)}" data-lookups="{cache.lookups}" '
+            f'data-hits="{cache.hits}" data-hit-rate="{cache.hit_rate:.6f}" data-saved="{cache.saved_s:.6f}">'
+            f"<td>{escape(cache.name)}</td><td>{cache.lookups}</td><td>{cache.hits} ({cache.hit_rate:.0%})</td>"
+            f"<td>{cache.errors}</td><td>{seconds(cache.saved_s)}</td>"
+            f"<td>{cell(cache.lookup, 0.5)} / {cell(cache.lookup, 0.95)}</td>"
+            f"<td>{cell(cache.with_hit, 0.5)} / {cell(cache.with_hit, 0.95)}</td>"
+            f"<td>{cell(cache.with_miss, 0.5)} / {cell(cache.with_miss, 0.95)}</td></tr>"
+            for cache in report.caches
+        )
+        out.append(
+            "<table><tr><th>cache</th><th>lookups</th><th>hits</th><th>failed</th><th>LLM time saved (estimate)</th>"
+            "<th>lookup p50 / p95</th><th>requests with a hit p50 / p95</th><th>with only misses p50 / p95</th>"
+            f'</tr>{rows}</table><p class="meta">A hit is worth the p50 of the process\'s own recent LLM calls '
+            "(of the model the lookup names); a request is the turn holding the lookup, else its trace.</p>"
+        )
+    out.append("</section>")
+    return "".join(out)
+
+
 def render(report: Report, comparison: Comparison | None = None) -> str:
     """The whole page as a string (UTF-8 when written)."""
     title = "llmspans report"
@@ -322,6 +366,8 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
         body.append("</section>")
     if report.levels:
         body.append(_levels(report))
+    if report.prompt_caps is not None or report.caches:
+        body.append(_levers(report))
     if report.server is not None:
         body.append(_server_split(report.server))
     if report.slowest:

@@ -295,6 +295,46 @@ class LevelRow:
 
 
 @dataclass(frozen=True)
+class PromptCaps:
+    """The calls of clients with a prompt cap (`max_prompt_tokens`): how many were over it and how many it
+    refused (`on_exceed="error"`); the first_token of the calls sent over the cap and answered, against
+    those under it (the prefill cost of long prompts); the estimate over the server's input tokens."""
+
+    calls: int
+    over: int
+    refused: int
+    first_token_over: Distribution | None
+    first_token_under: Distribution | None
+    estimate_ratio: Distribution | None  # a ratio, not seconds; calls whose server reported input tokens
+    estimators: tuple[str, ...]
+
+    @property
+    def share_over(self) -> float:
+        return self.over / self.calls if self.calls else 0.0
+
+
+@dataclass(frozen=True)
+class CacheRow:
+    """One cache's lookups: hits, the LLM time the hits saved (the sum of their estimates, each the p50 of
+    the process's own recent calls), the lookups' own time, and the requests (the turn holding the lookup,
+    else its trace) that had a hit against those that had only misses."""
+
+    name: str
+    lookups: int
+    hits: int
+    errors: int
+    saved_s: float
+    hits_estimated: int
+    lookup: Distribution | None  # None from Prometheus (one histogram for every cache's lookups)
+    with_hit: Distribution | None  # None from Prometheus (metrics do not join lookups to requests)
+    with_miss: Distribution | None
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+@dataclass(frozen=True)
 class Report:
     sources: tuple[str, ...]
     skipped: tuple[SkippedLine, ...]
@@ -319,6 +359,8 @@ class Report:
     server_pressure: ServerPressure | None = None
     server_histograms: tuple[ServerHistograms, ...] = ()
     levels: tuple[LevelRow, ...] = ()  # calls made by `llmspans load`, per level
+    prompt_caps: PromptCaps | None = None  # the levers (README "Levers"), where the app used them
+    caches: tuple[CacheRow, ...] = ()
     # The sorted samples behind each stage, bucket and part (seconds), for comparisons; not in the JSON.
     samples: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -335,6 +377,15 @@ class Report:
             data.pop("exemplars")
         if not self.levels:
             data.pop("levels")
+        if self.prompt_caps is None:
+            data.pop("prompt_caps")
+        else:
+            data["prompt_caps"]["share_over"] = self.prompt_caps.share_over
+        if not self.caches:
+            data.pop("caches")
+        else:
+            for row, cache in zip(data["caches"], self.caches, strict=True):
+                row["hit_rate"] = cache.hit_rate
         data["parts"] = [{**asdict(part), "label": part.label} for part in self.parts]
         return data
 

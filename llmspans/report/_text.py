@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Iterable, Sequence
 
@@ -14,8 +15,15 @@ WIDTH = 100
 _QUANTILE_HEADERS = ("count", "p50", "p95", "p99", "max")
 
 
+_FIGURE = re.compile(r"(\d) (ms|s)\b")
+_KEEP = "\u00a0"  # textwrap breaks lines at ASCII whitespace only
+
+
 def _wrap(text: str, indent: str = "  ") -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    """Lines of at most WIDTH; a figure and its unit stay on one line."""
+    kept = _FIGURE.sub(rf"\1{_KEEP}\2", text)
+    lines = textwrap.wrap(kept, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    return [line.replace(_KEEP, " ") for line in lines]
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], first_width: int = 30) -> list[str]:
@@ -204,6 +212,8 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             "",
         )
 
+    out += _levers(report)
+
     server = report.server
     if server is not None:
         out.append("")
@@ -272,6 +282,58 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
     if comparison is not None:
         out += _comparison(comparison)
     return "\n".join(out) + "\n"
+
+
+def _levers(report: Report) -> list[str]:
+    """What the prompt caps and caches did (README "Levers"), a paragraph each after one blank line."""
+    out: list[str] = []
+    caps = report.prompt_caps
+    if caps is not None:
+        refused = f", {caps.refused} of them refused before sending" if caps.refused else ""
+        text = f"Prompt caps: {caps.over} of {caps.calls} capped calls over the cap ({caps.share_over:.0%}){refused}"
+        over, under = caps.first_token_over, caps.first_token_under
+        if over is not None and under is not None:
+            text += (
+                f"; first_token p95 {seconds(over.p95)} over the cap ({over.count} answered) against "
+                f"{seconds(under.p95)} under it ({under.count}), p50 {seconds(over.p50)} against {seconds(under.p50)}"
+            )
+        elif over is not None:
+            text += (
+                f"; first_token p95 {seconds(over.p95)} over the cap ({over.count} answered), none under it"
+            )
+        elif under is not None:
+            text += (
+                f"; first_token p95 {seconds(under.p95)} under the cap ({under.count} answered), none over it"
+            )
+        ratio = caps.estimate_ratio
+        if ratio is not None:
+            text += (
+                f"; the estimate against the server's input tokens p50 {ratio.p50:.2f}x, p95 {ratio.p95:.2f}x "
+                f"({', '.join(caps.estimators) or 'estimator not recorded'})"
+            )
+        out += _wrap(text, "")
+    for cache in report.caches:
+        failed = f", {cache.errors} failed" if cache.errors else ""
+        text = f"Cache '{cache.name}': {cache.hits} of {cache.lookups} lookups hit ({cache.hit_rate:.0%}){failed}"
+        if cache.hits:
+            text += (
+                f"; saved about {seconds(cache.saved_s)} of LLM time ({cache.hits_estimated} of {cache.hits} hits "
+                "with an estimate: the p50 of the process's own recent calls)"
+            )
+        if cache.lookup is not None:
+            text += f"; lookups p50 {seconds(cache.lookup.p50)}, p95 {seconds(cache.lookup.p95)}"
+        hit, miss = cache.with_hit, cache.with_miss
+        if hit is not None and miss is not None:
+            text += (
+                f"; requests with a hit p50 {seconds(hit.p50)}, p95 {seconds(hit.p95)} ({hit.count}) against p50 "
+                f"{seconds(miss.p50)}, p95 {seconds(miss.p95)} with only misses ({miss.count})"
+            )
+        elif hit is not None or miss is not None:
+            only, which = (hit, "a hit") if hit is not None else (miss, "only misses")
+            assert only is not None
+            text += f"; requests with {which} p50 {seconds(only.p50)}, p95 {seconds(only.p95)} ({only.count})"
+        out += _wrap(text, "")
+    return ["", *out] if out else []
 
 
 def _number(value: float | None) -> str:

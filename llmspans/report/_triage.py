@@ -20,6 +20,7 @@ from llmspans.report._model import (
     Connections,
     LimiterRow,
     Part,
+    PromptCaps,
     Retries,
     ServerHistograms,
     ServerPressure,
@@ -48,6 +49,8 @@ KV_CACHE_NEAR_FULL = 0.9
 WAITING_RISE = 1.0
 # Prefix-cache hits "fall" by at least this share.
 PREFIX_HITS_FALL = 0.2
+# Calls over the prompt cap "wait longer for their first token" at this p95 over the rest's, or more.
+OVER_CAP_SLOWER = 1.5
 
 
 def variability_of(buckets: Sequence[BucketRow]) -> Variability:
@@ -202,6 +205,7 @@ class Figures:
     server: ServerSplit | None
     pressure: ServerPressure | None = None
     histograms: tuple[ServerHistograms, ...] = ()
+    prompt_caps: PromptCaps | None = None
 
 
 def _from_histograms(histograms: tuple[ServerHistograms, ...]) -> str:
@@ -261,6 +265,13 @@ def _notes(dominant: Part, parts: Sequence[Part], figures: Figures) -> list[str]
             f"first_token varies {ratio:.1f}x more than stream: look at server queueing, connection reuse "
             "and prompt length"
         )
+    note = _long_prompts(figures.prompt_caps)
+    if (
+        note is not None
+        and first_token is not None
+        and first_token.per_trace.p95 >= 0.25 * dominant.per_trace.p95
+    ):
+        notes.append(note)
     queue = by_key.get((KIND_BUCKET, "queue"))
     queue_small = (
         queue is None or first_token is None or queue.per_trace.p95 <= 0.1 * first_token.per_trace.p95
@@ -283,6 +294,20 @@ def _notes(dominant: Part, parts: Sequence[Part], figures: Figures) -> list[str]
                 "backlog (a stalled scheduler)"
             )
     return notes
+
+
+def _long_prompts(caps: PromptCaps | None) -> str | None:
+    """The prefill cost of long prompts, where a prompt cap measured it."""
+    if caps is None or caps.first_token_over is None or caps.first_token_under is None:
+        return None
+    over, under = caps.first_token_over.p95, caps.first_token_under.p95
+    if under <= 0 or over < OVER_CAP_SLOWER * under:
+        return None
+    return (
+        f"calls over the prompt cap waited {over / under:.1f}x longer for their first token at p95 "
+        f"({format_seconds(over)} against {format_seconds(under)}): long prompts cost prefill; shorten them "
+        "(summarise the history, trim retrieval) or refuse them with on_exceed='error'"
+    )
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ class _Failed(Exception):
 
 
 def exercise() -> Exercised:
-    """A turn with every stage kind, retried/laned/failed/captured calls, and a vLLM server sampled."""
+    """A turn with every stage kind, retried/laned/failed/captured calls, the levers (prompt caps, cache
+    lookups), and a vLLM server sampled."""
     floor, _phases.FLOOR_NS = _phases.FLOOR_NS, 0  # every phase gets its span, however short on loopback
     try:
         return _exercise()
@@ -96,6 +97,34 @@ def _exercise() -> Exercised:
             client.responses.create(
                 model="sim-model", input="usage with cached tokens", conversation="conv_1"
             )
+
+        # The levers: a cache declared (its window of call durations starts now), a capped client over
+        # and under its cap, one refusing; a hit with a saved-time estimate, a miss, a lookup that fails.
+        @llmspans.cache("answers", model="sim-model")
+        def cached(question: str) -> str | None:
+            return "cached answer" if question == "known" else None
+
+        capped = llmspans.instrument(
+            openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0), max_prompt_tokens=20
+        )
+        strict = llmspans.instrument(
+            openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0), max_prompt_tokens=20,
+            on_exceed="error", prompt_tokenizer="chars",
+        )  # fmt: skip
+        with llmspans.turn("levers"):
+            capped.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "short"}])
+            capped.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": "long " * 40}]
+            )
+            with contextlib.suppress(llmspans.PromptTooLarge):
+                strict.chat.completions.create(
+                    model="sim-model", messages=[{"role": "user", "content": "long " * 40}]
+                )
+            cached("known")
+            with llmspans.cache_lookup("semantic") as lookup:
+                lookup.hit = False
+            with contextlib.suppress(_Failed), llmspans.cache_lookup("semantic"):
+                raise _Failed
 
         lane = llmspans.Limiter(2, name="interactive")
         laned = llmspans.instrument(
