@@ -47,6 +47,9 @@ def fast_server() -> Iterator[SimulatedServer]:
         (["--no-stream", "--slo", "ttft=1s"], "--slo ttft and tpot need streamed calls"),
         (["--prompts", "/nonexistent/prompts.jsonl"], "--prompts: cannot read"),
         (["--limiter-cap", "0"], "--limiter-cap must be 1 or more"),
+        (["--workers", "0"], "--workers takes a whole number from 1 to 64, or auto"),
+        (["--workers", "many"], "--workers takes a whole number from 1 to 64, or auto"),
+        (["--workers", "2", "--limiter-cap", "2"], "--limiter-cap puts one Limiter in front of every call"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_code_2(
@@ -213,6 +216,12 @@ def _worker_run(server: SimulatedServer, tmp_path: Path) -> subprocess.Popen[str
     )  # fmt: skip
 
 
+def _stdout(process: subprocess.Popen[str]) -> str:
+    """What an ended command printed (its tables: far less than a pipe holds, so it could end)."""
+    assert process.stdout is not None
+    return process.stdout.read()
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -231,10 +240,10 @@ def test_ctrl_c_stops_every_worker_and_prints_what_they_had(
         pids = [int(pid) for pid in ready.groups()]
         time.sleep(1.5)  # the level begins a tenth of a second after the workers are ready; requests go out
         process.send_signal(signal.SIGINT)
-        out, _ = process.communicate(timeout=60)
+        process.wait(timeout=60)
     finally:
         process.kill()
-    err = stderr.text()
+    err, out = stderr.text(), _stdout(process)
     assert process.returncode == 130, err
     assert "stopping" in err, err
     assert "Interrupted: " in out
@@ -258,10 +267,10 @@ def test_a_worker_that_dies_is_named_and_the_run_ends(fast_server: SimulatedServ
         first, second = (int(pid) for pid in ready.groups())
         time.sleep(1.5)  # into the level
         os.kill(first, signal.SIGKILL)
-        out, _ = process.communicate(timeout=90)  # never a wait for the dead one
+        process.wait(timeout=90)  # never a wait for the dead one
     finally:
         process.kill()
-    err = stderr.text()
+    err, out = stderr.text(), _stdout(process)
     assert process.returncode == 1, err
     assert f"llmspans load: worker 1 (pid {first}) was killed by SIGKILL during rate=40" in err, err
     assert "No level ran." in out

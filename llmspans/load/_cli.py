@@ -52,6 +52,7 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 SERVICE_NAME = "llmspans-load"
+MAX_WORKERS = 64  # processes of ~100 MB each: a bound, as every load of this command has one
 INSTALL_OPENAI = "llmspans load needs the openai SDK: pip install 'llmspans[openai]'"
 INSTALL_VLLM = (
     "--provider vllm reads the server's /metrics with prometheus-client: pip install 'llmspans[vllm]'"
@@ -244,8 +245,8 @@ def parse_workers(spec: str) -> int | None:
         workers = int(spec)
     except ValueError:
         workers = 0
-    if workers < 1:
-        raise Usage(f"--workers takes a positive whole number or auto, got {spec!r}")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise Usage(f"--workers takes a whole number from 1 to {MAX_WORKERS}, or auto; got {spec!r}")
     return workers
 
 

@@ -8,8 +8,9 @@ still in flight; the record keeps when it was due and when `create()` was called
 never hidden. Each request consumes its stream as an app would and stamps each content chunk.
 
 What keeps the schedule (docs/load.md, "What the generator costs"): a request's arguments are built
-before it is due, and no full garbage collection runs while a level issues (`quiet_collector`): the
-spans and records a level keeps would make each one a pause of tens of milliseconds.
+before it is due; while a level issues no full garbage collection runs (the spans and records a level
+keeps would make each one a pause of tens of milliseconds) and the exporter's thread hands the GIL back
+within half a millisecond (`on_schedule`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -35,6 +37,8 @@ from llmspans.vllm import ServerMetrics
 SETTLE_S = 2.0
 # While a level issues, the oldest generation is collected only past this many younger collections: never.
 NO_FULL_COLLECTION = 2**31 - 1
+# While a level issues, another thread of the process (the exporter's) hands the GIL back after this long.
+SWITCH_INTERVAL_S = 0.0005
 
 
 class LoadError(Exception):
@@ -187,20 +191,24 @@ class Generator:
 
 
 @contextlib.contextmanager
-def quiet_collector() -> Iterator[None]:
-    """No full garbage collection while a level issues; one at its end, outside every request's time.
+def on_schedule() -> Iterator[None]:
+    """While a level issues: no full garbage collection (one at its end, outside every request's time), and
+    the loop's thread waits at most `SWITCH_INTERVAL_S` for the GIL.
 
     A full collection walks every object the process holds, the level's spans and records included: tens
     of milliseconds here, which every request due meanwhile would count as lag. The young generations are
     still collected as usual (about a millisecond each); what reaches the oldest one during a level is
-    about one object per request, freed at the level's end.
+    about one object per request, freed at the level's end. The exporter's thread encodes spans in batches
+    in the same process: by Python's default it keeps the GIL for up to 5 ms before the loop gets it back,
+    the whole of the lag allowed.
     """
-    threshold = gc.get_threshold()
-    gc.collect()
+    threshold, interval = gc.get_threshold(), sys.getswitchinterval()
     gc.set_threshold(threshold[0], threshold[1], NO_FULL_COLLECTION)
+    sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
     try:
         yield
     finally:
+        sys.setswitchinterval(interval)
         gc.set_threshold(*threshold)
         gc.collect()
 

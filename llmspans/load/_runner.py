@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from opentelemetry.sdk.trace import TracerProvider
 
 import llmspans
-from llmspans.load._generator import Generator, LoadError, quiet_collector, until_done
+from llmspans.load._generator import Generator, LoadError, on_schedule, until_done
 from llmspans.load._model import SHAPE_CONCURRENCY, Level, LevelStats
 from llmspans.load._requests import RequestRecord
 from llmspans.load._schedule import Sweep, arrivals
@@ -187,7 +187,7 @@ class Runner:
         indices = range(self._issued, self._issued + count)
         async with self._watching(level, records, count, sampler) as started:
             cpu = time.process_time()
-            with quiet_collector():
+            with on_schedule():
                 if level.shape == SHAPE_CONCURRENCY:
                     work = self.generator.closed(
                         level, int(level.value), indices, records, stop, level_deadline

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import llmspans
 from llmspans import _names as names
-from llmspans.load._generator import Generator, LoadError, quiet_collector, until_done
+from llmspans.load._generator import Generator, LoadError, on_schedule, until_done
 from llmspans.load._requests import RequestRecord
 from llmspans.load._workers import (
     SHIP_EVERY_S,
@@ -103,7 +103,7 @@ class _Worker:
         until = _monotonic(part.until_ns)
         shipping = asyncio.ensure_future(ship())
         try:
-            with quiet_collector():
+            with on_schedule():
                 wait = (part.start_ns - time.perf_counter_ns()) / 1e9
                 if wait > 0:
                     await asyncio.sleep(wait)
