@@ -39,6 +39,9 @@ from llmspans.load._requests import RequestRecord
 from llmspans.load._workload import Workload
 from llmspans.report._spans import Span
 
+# One event loop keeps this many requests/s of streamed calls with room to spare (about a quarter of its
+# time busy at the ~5 ms of CPU a request costs; docs/load.md, "What the generator costs").
+RATE_PER_WORKER = 50.0
 # A worker that has not said it is ready after this long (its imports and warm-up request) is not coming.
 START_TIMEOUT_S = 120.0
 # The epoch of a level is this far ahead of the moment its parts are sent, so every worker has its part.
@@ -237,7 +240,7 @@ class WorkerPool:
                 worker.ready = True
             elif isinstance(message, Failed):
                 raise WorkerFailed(f"{worker.name}: {message.message}")
-            else:
+            elif isinstance(message, _Gone):
                 raise await self._died(worker, "while starting")
         return self.workers[:count]
 
@@ -250,9 +253,8 @@ class WorkerPool:
         stderr_path = self._scratch / f"worker{index + 1}.stderr"
         environment = dict(os.environ)
         # The child imports this very llmspans, wherever it was imported from here.
-        package_root = _PACKAGE_ROOT
         environment["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [package_root, environment.get("PYTHONPATH")])
+            filter(None, [_PACKAGE_ROOT, environment.get("PYTHONPATH")])
         )
         started_ns = time.perf_counter_ns()
         with open(stderr_path, "wb") as stderr:  # noqa: ASYNC230 - a new empty file, at start-up
@@ -404,11 +406,6 @@ def workers_for(level: Level, requests: int, asked: int | None, *, one_process_o
     if level.shape == "concurrency":
         return 1
     return max(1, min(available_cpus(), math.ceil(level.value / RATE_PER_WORKER), share))
-
-
-# One event loop keeps this many requests/s of streamed calls with room to spare (about a quarter of its
-# time busy at the ~5 ms of CPU a request costs; docs/load.md, "What the generator costs").
-RATE_PER_WORKER = 50.0
 
 
 def workers_words(asked: int | None) -> str:
