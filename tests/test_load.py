@@ -10,10 +10,13 @@ busy 2-core machine; every run is bounded to a few dozen requests and a few seco
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -30,11 +33,13 @@ from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, Level, Result
 from llmspans.load._requests import RequestRecord
 from llmspans.load._runner import Runner, RunOutcome
 from llmspans.load._text import render as render_text
+from llmspans.load._workers import WorkerExport, deal_closed, deal_open
 from llmspans.load._workload import Plan, Workload, parse_levels
 from llmspans.report._analysis import analyse
 from llmspans.report._model import FINDING_QUEUE
 from llmspans.report._spans import spans_of_readable
 from llmspans.report._triage import FINDING_MEMORY_BOUND, FINDING_SERVER_QUEUE
+from llmspans.tools.simulator import Behavior, SimulatedServer
 from llmspans.vllm import ServerMetrics
 from tests.support.realservers import TransformersServer
 from tests.support.vllm_sim import EngineConfig, VLLMSimulator
@@ -422,3 +427,100 @@ async def test_a_sweep_against_transformers_serve_measures_each_requests_ttft_as
             assert record.ttft_ns / 1e9 - 0.001 <= seen <= record.ttft_ns / 1e9 + CLIENT_SIDE, (seen, record)
             checked += 1
     assert checked >= 8
+
+
+# --- worker processes ---------------------------------------------------------------------------------
+
+
+def test_dealing_gives_every_request_to_exactly_one_worker() -> None:
+    schedule = [(index, 1000 * (index - 10)) for index in range(10, 17)]
+    parts = deal_open(schedule, 3)
+    assert parts == [
+        ((10, 0), (13, 3000), (16, 6000)), ((11, 1000), (14, 4000)), ((12, 2000), (15, 5000)),
+    ]  # fmt: skip
+    assert sorted(pair for part in parts for pair in part) == schedule
+    closed = deal_closed(5, range(100, 111), 2)
+    assert [users for users, _ in closed] == [3, 2]
+    assert [len(indices) for _, indices in closed] == [7, 4]
+    assert [index for _, indices in closed for index in indices] == list(range(100, 111))
+    assert deal_closed(3, range(3), 3) == [(1, (0,)), (1, (1,)), (1, (2,))]
+
+
+def _call_spans_in(path: Path) -> list[dict[str, object]]:
+    """Every call span in a traces file: its attributes, and the process that wrote it."""
+    calls = []
+    for line in path.read_text().splitlines():
+        document = json.loads(line)
+        for resource in document.get("resourceSpans", ()):
+            process = {item["key"]: item["value"] for item in resource["resource"]["attributes"]}
+            for scope in resource["scopeSpans"]:
+                for span in scope["spans"]:
+                    attributes = {
+                        item["key"]: next(iter(item["value"].values())) for item in span["attributes"]
+                    }
+                    if attributes.get(names.STAGE) == names.STAGE_LLM:
+                        calls.append({**attributes, "process": process["service.instance.id"]["stringValue"]})
+    return calls
+
+
+async def _run_on(
+    server: SimulatedServer, plan: Plan, workers: int, traces: Path
+) -> tuple[Runner, RunOutcome]:
+    workload = Workload(model="sim-model", max_tokens=4, prompt_tokens=16)
+    with providers() as (tracer_provider, _):
+        runner = Runner(
+            workload, plan, base_url=server.base_url, tracer_provider=tracer_provider, max_retries=0,
+            workers=workers, export=WorkerExport("llmspans-load-test", traces),
+        )  # fmt: skip
+        outcome = await runner.run()
+    return runner, outcome
+
+
+@pytest.mark.parametrize(
+    ("shape", "levels", "requests"), [(SHAPE_CONCURRENCY, "2,3", 9), (SHAPE_RATE, "20,40", 16)]
+)
+async def test_worker_processes_give_the_figures_and_spans_one_process_gives(
+    tmp_path: Path, shape: str, levels: str, requests: int
+) -> None:
+    """The same plan on this process and on two workers, against a server whose answers do not vary: the
+    same levels, the same requests (each recorded once, the prompts dealt by index), the same counts and
+    tokens, the same open-loop schedule to the nanosecond (one seeded draw, dealt), and every worker's
+    call spans in the one traces file, with the level and the run."""
+    plan = Plan(shape=shape, levels=parse_levels(levels, shape), requests_per_level=requests, max_seconds=60)
+    with SimulatedServer(Behavior(chunks=4, chunk_gap=0.001, usage="auto"), record=False) as server:
+        _, alone = await _run_on(server, plan, 1, tmp_path / "alone.jsonl")
+        runner, split = await _run_on(server, plan, 2, tmp_path / "split.jsonl")
+    assert not alone.workers
+    assert len(split.workers) == 2
+    assert [stats.level.label for stats in split.levels] == [stats.level.label for stats in alone.levels]
+    for one, two in zip(alone.levels, split.levels, strict=True):
+        assert (one.workers, two.workers) == (1, 2)
+        for figure in ("requests", "completed", "cancelled", "errors", "retries", "unrecorded"):
+            assert getattr(two, figure) == getattr(one, figure), figure
+        assert two.completed == requests
+        assert two.generator_cpu_s is not None
+        assert two.generator_cpu_s > 0
+        records = {label: split.records[label] for label in split.records}[two.level.label]
+        mine = alone.records[one.level.label]
+        assert [record.index for record in records] == [record.index for record in mine]
+        assert len({record.index for record in records}) == requests
+        assert [record.tokens for record in records] == [record.tokens for record in mine] == [4] * requests
+        assert all(record.recorded and record.ok for record in records)
+        if shape == SHAPE_RATE:
+            due = [record.scheduled_ns or 0 for record in records]
+            mine_due = [record.scheduled_ns or 0 for record in mine]
+            assert [at - due[0] for at in due] == [at - mine_due[0] for at in mine_due]
+        assert two.report is not None
+        assert two.report.llm_calls == requests
+    calls = _call_spans_in(tmp_path / "split.jsonl")
+    assert len(calls) == len(split.levels) * requests
+    assert {call[names.LOAD_RUN_ID] for call in calls} == {runner.run_id}
+    levels_seen = [call[names.LOAD_LEVEL] for call in calls]
+    assert {level: levels_seen.count(level) for level in set(levels_seen)} == {
+        stats.level.label: requests for stats in split.levels
+    }
+    assert len({call["process"] for call in calls}) == 2  # written by the two workers, appended here
+    assert sorted(os.listdir(tmp_path)) == ["split.jsonl"]  # no worker file left
+    for pid in split.workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -44,6 +47,9 @@ def fast_server() -> Iterator[SimulatedServer]:
         (["--no-stream", "--slo", "ttft=1s"], "--slo ttft and tpot need streamed calls"),
         (["--prompts", "/nonexistent/prompts.jsonl"], "--prompts: cannot read"),
         (["--limiter-cap", "0"], "--limiter-cap must be 1 or more"),
+        (["--workers", "0"], "--workers takes a whole number from 1 to 64, or auto"),
+        (["--workers", "many"], "--workers takes a whole number from 1 to 64, or auto"),
+        (["--workers", "2", "--limiter-cap", "2"], "--limiter-cap puts one Limiter in front of every call"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_code_2(
@@ -170,4 +176,104 @@ def test_ctrl_c_stops_the_run_and_prints_what_it_has(fast_server: SimulatedServe
     assert "stopping" in err, err
     assert "Interrupted: " in out
     assert "concurrency=1" in out
+    assert "Traceback" not in err
+
+
+class _Stderr:
+    """A running command's stderr, read line by line as it comes, on a thread of its own."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        assert process.stderr is not None
+        self._thread = threading.Thread(target=self._read, args=(process.stderr,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                found = re.search(pattern, line)
+                if found:
+                    return found
+            time.sleep(0.05)
+        raise AssertionError(f"no line matching {pattern!r} in {''.join(self.lines)}")
+
+    def text(self) -> str:
+        self._thread.join(30)
+        return "".join(self.lines)
+
+
+def _worker_run(server: SimulatedServer, tmp_path: Path) -> subprocess.Popen[str]:
+    """Two workers at 40 requests/s, far more requests than will go: it runs until stopped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "llmspans", "load", server.base_url, "--model", "sim-model", "--rate", "40",
+         "--workers", "2", "--requests", "100000", "--max-requests", "100000", "--max-seconds", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path),
+    )  # fmt: skip
+
+
+def _stdout(process: subprocess.Popen[str]) -> str:
+    """What an ended command printed (its tables: far less than a pipe holds, so it could end)."""
+    assert process.stdout is not None
+    return process.stdout.read()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_ctrl_c_stops_every_worker_and_prints_what_they_had(
+    fast_server: SimulatedServer, tmp_path: Path
+) -> None:
+    process = _worker_run(fast_server, tmp_path)
+    stderr = _Stderr(process)
+    try:
+        ready = stderr.wait_for(r"2 worker processes ready \(pids (\d+), (\d+)\)")
+        pids = [int(pid) for pid in ready.groups()]
+        time.sleep(1.5)  # the level begins a tenth of a second after the workers are ready; requests go out
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    err, out = stderr.text(), _stdout(process)
+    assert process.returncode == 130, err
+    assert "stopping" in err, err
+    assert "Interrupted: " in out
+    level = next(line for line in out.splitlines() if line.startswith("  rate=40") and " 2 " in line)
+    assert level.split()[1] == "2"  # the generator's table: two workers
+    assert all(_gone(pid) for pid in pids)
+    # Both workers' spans are in the traces file, and nothing else is left beside it.
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["traces.jsonl"]
+    source = FileSource([tmp_path / "traces.jsonl"])
+    report = analyse_batches(source.batches, top=0)
+    assert [row.level for row in report.levels] == ["rate=40"]
+    assert report.levels[0].calls > 0
+    assert "Traceback" not in err
+
+
+def test_a_worker_that_dies_is_named_and_the_run_ends(fast_server: SimulatedServer, tmp_path: Path) -> None:
+    process = _worker_run(fast_server, tmp_path)
+    stderr = _Stderr(process)
+    try:
+        ready = stderr.wait_for(r"2 worker processes ready \(pids (\d+), (\d+)\)")
+        first, second = (int(pid) for pid in ready.groups())
+        time.sleep(1.5)  # into the level
+        os.kill(first, signal.SIGKILL)
+        process.wait(timeout=90)  # never a wait for the dead one
+    finally:
+        process.kill()
+    err, out = stderr.text(), _stdout(process)
+    assert process.returncode == 1, err
+    assert f"llmspans load: worker 1 (pid {first}) was killed by SIGKILL during rate=40" in err, err
+    assert "No level ran." in out
+    assert "40 requests/s is not reported: worker 1" in " ".join(out.split())
+    assert _gone(second)
     assert "Traceback" not in err

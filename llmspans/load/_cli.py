@@ -1,6 +1,7 @@
 """`llmspans load ...`: the arguments, the question before a run against another host, and the output.
 
-Exit codes: 0 when the run was reported, 2 when the arguments or the target could not be used (one line on
+Exit codes: 0 when the run was reported, 1 when a worker process died or could not start (the levels before
+are printed, and the worker named), 2 when the arguments or the target could not be used (one line on
 stderr, never a traceback), 130 when Ctrl-C stopped it (what it had is printed all the same).
 """
 
@@ -47,9 +48,11 @@ if TYPE_CHECKING:
     from llmspans.load._runner import Runner, RunOutcome
 
 EXIT_OK = 0
+EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 SERVICE_NAME = "llmspans-load"
+MAX_WORKERS = 64  # processes of ~100 MB each: a bound, as every load of this command has one
 INSTALL_OPENAI = "llmspans load needs the openai SDK: pip install 'llmspans[openai]'"
 INSTALL_VLLM = (
     "--provider vllm reads the server's /metrics with prometheus-client: pip install 'llmspans[vllm]'"
@@ -165,6 +168,11 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     )
     load.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per request (60)")
     load.add_argument(
+        "--workers", default="auto", metavar="N|auto",
+        help="processes sending a level's requests (auto: one per 50 requests/s of an open loop, at most one "
+        "per CPU; 1 for a closed loop)",
+    )  # fmt: skip
+    load.add_argument(
         "--service", default=SERVICE_NAME, metavar="NAME", help=f"service name on the spans ({SERVICE_NAME})"
     )
     load.add_argument("--json", action="store_true", help="print the result as one JSON document")
@@ -218,12 +226,28 @@ def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
         raise Usage(f"--max-retries must be 0 or more, got {args.max_retries}")
     if not args.timeout > 0:
         raise Usage(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    workers = parse_workers(args.workers)
+    if workers is not None and workers > 1 and args.limiter_cap is not None:
+        raise Usage("--limiter-cap puts one Limiter in front of every call: it needs --workers 1")
     plan = Plan(
         shape=shape, levels=levels, sweep=args.sweep, requests_per_level=args.requests,
         level_seconds=args.level_seconds, max_requests=args.max_requests, max_seconds=args.max_seconds,
         burstiness=args.burstiness, knee_factor=args.knee_factor, slo=slo,
     )  # fmt: skip
     return workload, plan
+
+
+def parse_workers(spec: str) -> int | None:
+    """`--workers`: a positive whole number, or `auto` (None)."""
+    if spec == "auto":
+        return None
+    try:
+        workers = int(spec)
+    except ValueError:
+        workers = 0
+    if not 1 <= workers <= MAX_WORKERS:
+        raise Usage(f"--workers takes a whole number from 1 to {MAX_WORKERS}, or auto; got {spec!r}")
+    return workers
 
 
 def _confirm(args: argparse.Namespace, workload: Workload, plan: Plan, stdin: TextIO) -> None:
@@ -307,6 +331,7 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
 
     import llmspans
     from llmspans.load._runner import LoadError, Runner, new_run_id
+    from llmspans.load._workers import WorkerExport, workers_words
 
     configuration = llmspans.configure(service_name=args.service)
     provider = trace.get_tracer_provider()
@@ -322,15 +347,28 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
 
         server_metrics = ServerMetrics(args.base_url, interval=0.25)
     limiter = llmspans.Limiter(args.limiter_cap, name="load") if args.limiter_cap else None
+    workers = parse_workers(args.workers)
+    if configuration.mode == "existing" and workers != 1:
+        if workers is not None:
+            print(
+                "llmspans load: --workers needs configure()'s own exporters (the spans here go to a provider "
+                "set up before it): pass --workers 1",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+        workers = 1
+    export = WorkerExport(args.service, configuration.traces_file if configuration.mode == "file" else None)
     run_id = new_run_id()
     # The plan on stderr with the progress lines: stdout holds the result alone.
     print(f"llmspans load: {args.base_url}, model {workload.model}, run {run_id}", file=sys.stderr)
     for line in plan_words(plan, workload):
         print(f"  {line}", file=sys.stderr)
+    print(f"  {workers_words(workers)}", file=sys.stderr)
     runner = Runner(
         workload, plan, base_url=args.base_url, tracer_provider=provider, api_key=os.environ.get("OPENAI_API_KEY") or "none",
         provider=args.provider, limiter=limiter, server_metrics=server_metrics, max_retries=args.max_retries,
-        timeout=args.timeout, run_id=run_id, progress=_Progress(sys.stderr),
+        timeout=args.timeout, run_id=run_id, progress=_Progress(sys.stderr), workers=workers, export=export,
+        notice=lambda line: print(f"llmspans load: {line}", file=sys.stderr),
     )  # fmt: skip
     try:
         outcome = asyncio.run(_main(runner))
@@ -361,6 +399,9 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
             f"spans sent over OTLP to {configuration.endpoint or 'the OTEL_EXPORTER_OTLP_* endpoint'}",
             file=sys.stderr,
         )
+    if outcome.failure is not None:
+        print(f"llmspans load: {outcome.failure}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK
 
 

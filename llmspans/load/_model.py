@@ -110,7 +110,16 @@ class LevelStats:
     server: ServerFigures | None
     dominant: str | None  # the report's dominant part at p95 for this level
     triage: str | None  # and its message
+    workers: int = 1  # processes that sent the level's requests (1: the runner's own)
+    generator_cpu_s: float | None = None  # CPU the load tool's processes spent over the level
     report: Report | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def cpu_per_request_s(self) -> float | None:
+        """The load generator's own CPU per request issued (the SDK, llmspans, the export, the load tool)."""
+        if self.generator_cpu_s is None or not self.requests:
+            return None
+        return self.generator_cpu_s / self.requests
 
     @property
     def failed(self) -> int:

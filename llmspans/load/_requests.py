@@ -178,10 +178,10 @@ class LevelStamper(SpanProcessor):
         except Exception:
             self.failures += 1
 
-    def spans_of(self, level: str) -> Sequence[ReadableSpan]:
-        """Every ended span of the level's requests' traces (call, attempt and phase spans)."""
+    def take(self, level: str) -> Sequence[ReadableSpan]:
+        """Every ended span of the level's requests' traces (call, attempt and phase spans), forgotten here."""
         with self._lock:
-            return list(self._spans.get(level, ()))
+            return self._spans.pop(level, [])
 
     def shutdown(self) -> None:
         self.active = False

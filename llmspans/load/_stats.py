@@ -31,6 +31,8 @@ def level_stats(
     slo: Mapping[str, float],
     server: ServerFigures | None = None,
     report: Report | None = None,
+    workers: int = 1,
+    generator_cpu_s: float | None = None,
 ) -> LevelStats:
     ok = [record for record in records if record.ok and record.recorded]
     errors: dict[str, int] = {}
@@ -82,6 +84,8 @@ def level_stats(
         server=server,
         dominant=part_label(triage.dominant_kind, triage.dominant) if triage is not None else None,
         triage=triage.message if triage is not None else None,
+        workers=workers,
+        generator_cpu_s=generator_cpu_s,
         report=report,
     )
 

@@ -10,6 +10,9 @@ from llmspans.load._model import LevelStats, Percentiles, Result
 from llmspans.report._model import format_seconds as seconds
 from llmspans.report._text import WIDTH
 
+# A closed loop whose generator was on the CPU this share of the time may have timed its own work.
+BUSY_SHARE = 0.8
+
 
 def _wrap(text: str, indent: str = "") -> list[str]:
     return textwrap.wrap(
@@ -95,15 +98,18 @@ def render(result: Result) -> str:
     ]
     out += _table(headers, rows, width=12)
 
-    if any(stats.lag is not None for stats in levels):
-        out.append("")
-        out.append("The client's lag behind its schedule (open loop; counted in every latency above)")
-        rows = [
-            [label(stats), _q(stats.lag, 0.5), _q(stats.lag, 0.95), _q(stats.lag, 0.99),
-             "-" if stats.lag is None else seconds(stats.lag.max), "BEHIND" if stats.behind_schedule else "kept up"]
-            for stats in levels
-        ]  # fmt: skip
-        out += _table(["level", "p50", "p95", "p99", "max", "schedule"], rows)
+    out.append("")
+    out.append(
+        "The load generator per level: its processes, its CPU per request, and its lag behind the schedule"
+    )
+    out.append("(open loop; the lag is counted in every latency above)")
+    rows = [
+        [label(stats), str(stats.workers), _cpu(stats), _q(stats.lag, 0.5), _q(stats.lag, 0.95), _q(stats.lag, 0.99),
+         "-" if stats.lag is None else seconds(stats.lag.max),
+         "-" if stats.lag is None else "BEHIND" if stats.behind_schedule else "kept up"]
+        for stats in levels
+    ]  # fmt: skip
+    out += _table(["level", "workers", "CPU/req", "lag p50", "p95", "p99", "max", "schedule"], rows)
 
     if any(stats.server is not None for stats in levels):
         out.append("")
@@ -128,8 +134,15 @@ def render(result: Result) -> str:
     for stats in levels:
         if stats.behind_schedule and stats.lag is not None:
             warnings.append(
-                f"{stats.level.words}: the client could not keep the schedule (lag p99 {seconds(stats.lag.p99)}); "
-                "its latencies include that lag"
+                f"{stats.level.words}: the client could not keep the schedule (lag p99 {seconds(stats.lag.p99)} on "
+                f"{_processes(stats.workers)}); its latencies include that lag: more --workers, if this machine "
+                "has idle CPUs, or fewer requests/s"
+            )
+        busy = _busy(stats)
+        if stats.lag is None and busy is not None and busy >= BUSY_SHARE:
+            warnings.append(
+                f"{stats.level.words}: the load generator was busy {busy:.0%} of the level on "
+                f"{_processes(stats.workers)}: its own time may be in the latencies (--workers N spreads it)"
             )
         if stats.unrecorded:
             warnings.append(
@@ -152,6 +165,22 @@ def render(result: Result) -> str:
         for note in result.verdict.notes:
             out += _wrap(f"also: {note}", "  ")
     return "\n".join(out) + "\n"
+
+
+def _cpu(stats: LevelStats) -> str:
+    cpu = stats.cpu_per_request_s
+    return "-" if cpu is None else seconds(cpu)
+
+
+def _busy(stats: LevelStats) -> float | None:
+    """The share of the level's wall time the generator's processes spent on the CPU, per process."""
+    if stats.generator_cpu_s is None or stats.duration_s <= 0:
+        return None
+    return stats.generator_cpu_s / (stats.duration_s * stats.workers)
+
+
+def _processes(workers: int) -> str:
+    return "one process" if workers == 1 else f"{workers} worker processes"
 
 
 def _short(label: str | None) -> str:

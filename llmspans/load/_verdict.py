@@ -54,8 +54,8 @@ def verdict(levels: Sequence[LevelStats], knee: Knee) -> Verdict | None:
         return Verdict(
             grew, value_before, value_after, SCHEDULE_LAG,
             f"{head}{steady}: the load generator fell behind its own schedule (lag p99 "
-            f"{format_seconds(at.lag.p99 if at.lag else 0.0)}), its limit, not the server's: run fewer requests/s "
-            "per process, or several processes",
+            f"{format_seconds(at.lag.p99 if at.lag else 0.0)}), its limit, not the server's: run it on more "
+            "--workers where the machine has idle CPUs, or at fewer requests/s",
             (),
         )  # fmt: skip
     cause = _cause(grew, before, at)
