@@ -244,7 +244,7 @@ def test_exemplars_stand_in_for_the_slowest_traces(capsys: pytest.CaptureFixture
 # --- vLLM's own histograms, without tracing ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["0.10", "0.33"])
+@pytest.mark.parametrize("family", ["0.10", "0.32/0.33"])
 def test_without_server_spans_vllms_own_histograms_give_the_server_side(family: str) -> None:
     """Prometheus scraping a vLLM server (the simulator, by release): the report reads vLLM's queue, prefill,
     time-to-first-token and between-token histograms over the window, per model, with the between-token
