@@ -507,13 +507,15 @@ def busy_server_sampler(server: VLLMServer) -> ServerMetrics:
 @retry_timing
 def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: Captured) -> None:
     """The issue's burst: 16 streams started together on a server that runs two at a time. The sampler
-    reads once a second, and the last read before the burst saw it idle. Each call still waiting for its
-    first token 0.1 s after it was sent makes it read at once: every call that waited half a second had a
-    read sent while it waited; a call carries the most requests waiting in the reads vLLM answered inside
-    its wait, and carries it whenever one was; and the burst's queue shows (on the simulator, where the
-    front end answers at once, every call that queued carries it: tests/test_vllm.py). vLLM's front end,
-    busy streaming on a loaded machine, can take seconds to answer `/metrics`: a read answered after the
-    call's first token does not count for it."""
+    reads once a second, and the last read before the burst saw it idle; each call still waiting for its
+    first token 0.1 s after it was sent makes it read at once. A call carries the most requests waiting in
+    the reads vLLM answered inside its wait: never a figure no such read had, and whenever a read fell
+    inside its wait, at least what that read said. That every call that waits is read for is checked on
+    the simulator (tests/test_vllm.py), whose front end answers at once: here, on a loaded machine, vLLM's
+    front end, busy streaming, can take seconds to answer `/metrics` (a read answered after the call's
+    first token does not count for it; seen stalling for over two seconds at a burst's start), so each
+    call asks for 256 tokens to keep the burst waiting past such a stall, and a run in which still no
+    read fell inside any call's wait is retried."""
     calls = 16
     sampler = busy_server_sampler(real_vllm)
     client = client_for(real_vllm, server_metrics=sampler)
@@ -522,7 +524,7 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
     def timed() -> None:
         sent, first, response_id = time.perf_counter_ns(), 0, ""
         for chunk in client.chat.completions.create(
-            model=real_vllm.model, messages=PROMPT, stream=True, max_tokens=128
+            model=real_vllm.model, messages=PROMPT, stream=True, max_tokens=256
         ):
             response_id = chunk.id
             if not first and chunk.choices and chunk.choices[0].delta.content:
@@ -540,34 +542,32 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
     assert len(spans) == len(timings) == calls
     found = server_spans_of(real_vllm, spans)
     margin = 50_000_000  # between the test's stamps and the call record's: the SDK building the request
-    assert late_after is not None
-    late = round(late_after * 1e9)
+    assert late_after == 0.1
+    read_inside = 0
     for span in spans:
         sent, first = timings[span.attributes[names.GEN_AI_RESPONSE_ID]]
         seen = span.attributes.get(names.VLLM_NUM_REQUESTS_WAITING_MAX)
         assert span.attributes[names.VLLM_NUM_REQUESTS_RUNNING] <= real_vllm.max_num_seqs
-        if (
-            first - sent >= 500_000_000
-        ):  # the sampler read while it waited, or was busy reading (one at a time)
-            assert any(read.sent_ns <= first and read.answered_ns >= sent + late for read in reads), (
-                "no read while the call waited"
-            )
-        inside = [read.waiting for read in reads if sent <= read.sent_ns and read.answered_ns <= first]
+        # The test's window holds the record's: the reads the stamp may use, and those it must.
+        may = [read.waiting for read in reads if sent <= read.sent_ns and read.answered_ns <= first]
+        must = [
+            read.waiting
+            for read in reads
+            if sent + margin <= read.sent_ns and read.answered_ns <= first - margin
+        ]
         if seen is not None:
-            assert inside, "stamped without a read inside the call's wait"
-            assert seen <= max(inside) <= calls - 1
-        if any(sent + margin <= read.sent_ns and read.answered_ns <= first - margin for read in reads):
+            assert may, "stamped without a read inside the call's wait"
+            assert seen <= max(may) <= calls - 1
+        if must:
+            read_inside += 1
             assert seen is not None, "a read inside the call's wait, not stamped"
+            assert seen >= max(must)
+    assert read_inside, "no read fell inside any call's wait"  # a machine too busy: retried
     queues = sorted(found[trace_hex(span)].attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] for span in spans)
-    # The burst reached vLLM's engine queue (on a machine so busy that vLLM's front end lets requests in
-    # one by one, they wait in the front end instead, where vLLM counts nothing: then a retry).
-    assert sum(queue >= 0.5 for queue in queues) >= 4, queues
-    assert max(span.attributes.get(names.VLLM_NUM_REQUESTS_WAITING_MAX, 0) for span in spans) >= 1, queues
-    stamped = sum(names.VLLM_NUM_REQUESTS_WAITING_MAX in span.attributes for span in spans)
+    most = max(span.attributes.get(names.VLLM_NUM_REQUESTS_WAITING_MAX, 0) for span in spans)
     print(
-        f"\nreal vLLM burst: server queue p50 {queues[7]:.2f} s, max {queues[-1]:.2f} s; {stamped} of {calls} "
-        f"calls carry a read from their wait, most waiting "
-        f"{max(span.attributes.get(names.VLLM_NUM_REQUESTS_WAITING_MAX, 0) for span in spans)}"
+        f"\nreal vLLM burst: server queue p50 {queues[7]:.2f} s, max {queues[-1]:.2f} s; {read_inside} of {calls} "
+        f"calls had a read inside their wait, most waiting {most}"
     )
 
 
