@@ -93,6 +93,9 @@ PHASE_SPANS_NEVER: Final = "never"
 
 STREAM_CHUNKS: Final = "llmspans.stream.chunks"
 STREAM_OUTCOME: Final = "llmspans.stream.outcome"
+# True when the caller closed the response before its body's end was read (the openai SDK does, at
+# `data: [DONE]`): over HTTP/1.1 its connection cannot go back to the pool. Absent otherwise.
+STREAM_CLOSED_BEFORE_END: Final = "llmspans.stream.closed_before_end"
 ITL_P50: Final = "llmspans.itl.p50"
 ITL_P95: Final = "llmspans.itl.p95"
 ITL_MAX: Final = "llmspans.itl.max"
@@ -246,8 +249,10 @@ PROVIDER_VLLM: Final = "vllm"
 GEN_AI_REQUEST_TOP_K: Final = "gen_ai.request.top_k"
 
 # Server state sampled from vLLM's /metrics (llmspans.vllm.ServerMetrics), stamped on call spans
-# at admission and exported as gauges of the same names; each only when the server exposes its source.
+# as they end and exported as gauges of the same names; each only when the server exposes its source.
 VLLM_NUM_REQUESTS_WAITING: Final = "vllm.num_requests_waiting"
+# The most requests waiting in any read taken between a call's sending and its first token (call spans only).
+VLLM_NUM_REQUESTS_WAITING_MAX: Final = "vllm.num_requests_waiting_max"
 VLLM_NUM_REQUESTS_RUNNING: Final = "vllm.num_requests_running"
 VLLM_KV_CACHE_USAGE: Final = "vllm.kv_cache_usage"
 VLLM_PREEMPTION_RATE: Final = "vllm.preemption_rate"  # per second, over the last sampling interval
@@ -267,22 +272,23 @@ METRIC_VLLM_ADMISSION_REJECTION_RATE: Final = VLLM_ADMISSION_REJECTION_RATE
 
 # vLLM's own Prometheus names, as its /metrics serves them, with the releases that serve them
 # (labels `model_name`, and `engine` on the newer engine; "the older engine" is 0.8.5-0.10.x started
-# with --otlp-traces-endpoint). Counters are named without the `_total` their samples carry.
+# with --otlp-traces-endpoint; "0.32" is the release a real server in the test run shows them on, releases
+# between 0.13 and 0.32 were not checked). Counters are named without the `_total` their samples carry.
 PROMETHEUS_VLLM_NUM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"  # every release
 PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"  # every release
 PROMETHEUS_VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"  # 0.9.2 and later (newer engine)
 # Up to 0.10.x and on the older engine; hidden behind --show-hidden-metrics-for-version in 0.11; gone in 0.12.
 PROMETHEUS_VLLM_GPU_CACHE_USAGE: Final = "vllm:gpu_cache_usage_perc"
 PROMETHEUS_VLLM_NUM_PREEMPTIONS: Final = "vllm:num_preemptions"  # counter, 0.9.2 and later, older engine
-PROMETHEUS_VLLM_REQUEST_NUM_PREEMPTIONS: Final = "vllm:request_num_preemptions"  # per finished request, 0.33
+PROMETHEUS_VLLM_REQUEST_NUM_PREEMPTIONS: Final = "vllm:request_num_preemptions"  # per finished request, 0.32
 PROMETHEUS_VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries"  # counter (tokens), 0.9.2 and later
 PROMETHEUS_VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits"  # counter (tokens), 0.9.2 and later
 PROMETHEUS_VLLM_GPU_PREFIX_CACHE_QUERIES: Final = "vllm:gpu_prefix_cache_queries"  # their names before 0.9.2
 PROMETHEUS_VLLM_GPU_PREFIX_CACHE_HITS: Final = "vllm:gpu_prefix_cache_hits"
 PROMETHEUS_VLLM_PROMPT_TOKENS: Final = "vllm:prompt_tokens"  # counter, every release
-PROMETHEUS_VLLM_PROMPT_TOKENS_CACHED: Final = "vllm:prompt_tokens_cached"  # counter, 0.33
-PROMETHEUS_VLLM_NUM_REQUESTS_WAITING_BY_REASON: Final = "vllm:num_requests_waiting_by_reason"  # 0.33
-PROMETHEUS_VLLM_ADMISSION_REJECTIONS: Final = "vllm:admission_rejections"  # counter, 0.33
+PROMETHEUS_VLLM_PROMPT_TOKENS_CACHED: Final = "vllm:prompt_tokens_cached"  # counter, 0.32
+PROMETHEUS_VLLM_NUM_REQUESTS_WAITING_BY_REASON: Final = "vllm:num_requests_waiting_by_reason"  # 0.32
+PROMETHEUS_VLLM_ADMISSION_REJECTIONS: Final = "vllm:admission_rejections"  # counter, 0.32 (no `engine` label)
 PROMETHEUS_VLLM_REASON_CAPACITY: Final = "capacity"  # the `reason` label's values
 PROMETHEUS_VLLM_REASON_DEFERRED: Final = "deferred"
 

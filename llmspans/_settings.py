@@ -81,14 +81,14 @@ class Settings:
         )
         if self.phase_spans is not None:
             record.phase_spans = self.phase_spans
-        sampler = self.server_metrics
-        if sampler is not None:
-            record.server_state = sampler.span_attributes
-            if self.limiter is None:  # admitted at once: the state now is the state at admission
-                record.stamp_server_state()
         cap = self.prompt_cap
         if cap is not None:
             cap.apply(record, body)  # raises PromptTooLarge (the call ended) for a prompt it refuses
         elif _cache.durations is not None:
             record.lever = _cache.durations  # a cache's hits are measured against calls like this one
+        sampler = self.server_metrics
+        if sampler is not None:
+            record.server_state = sampler
+            if self.limiter is None:  # admitted at once: it goes to the server now
+                record.watch_server()
         return record

@@ -83,13 +83,22 @@ def test_the_older_engine_derives_prefill_and_decode_and_says_so() -> None:
 
 
 def test_a_call_that_did_not_stream_has_the_decode_inside_first_token() -> None:
+    """The body arrives after the front end handled the last token (e2e): network and client is what
+    follows e2e, and the front end is the rest of e2e that the engine did not queue, prefill or decode."""
     result = split(NEWER_SPAN, {"first_token": 0.84, "stream": 0.0}, streamed=False)
     assert result is not None
-    assert [part.name for part in result.first_token] == [
-        SERVER_QUEUE, PREFILL, SERVER_FRONT_END, SERVER_DECODE, NETWORK_AND_CLIENT,
+    assert names_and_seconds(result.first_token) == [
+        (SERVER_QUEUE, 0.10), (PREFILL, 0.15), (SERVER_FRONT_END, 0.81 - 0.10 - 0.15 - 0.50),
+        (SERVER_DECODE, 0.50), (NETWORK_AND_CLIENT, 0.84 - 0.81),
     ]  # fmt: skip
-    assert result.first_token[-1].seconds == pytest.approx(0.84 - 0.80)
+    assert sum(part.seconds for part in result.first_token) == pytest.approx(0.84, abs=1e-15)
     assert result.stream == ()
+    older = split(OLDER_SPAN, {"first_token": 0.84, "stream": 0.0}, streamed=False)
+    assert older is not None
+    assert names_and_seconds(older.first_token) == [
+        (SERVER_QUEUE, 0.12), (PREFILL, 0.18), (SERVER_FRONT_END, 0.0), (SERVER_DECODE, 0.50),
+        (NETWORK_AND_CLIENT, 0.84 - 0.80),
+    ]  # fmt: skip
 
 
 def test_a_span_without_the_figures_every_release_has_gives_no_split() -> None:

@@ -26,8 +26,10 @@ from llmspans.report._model import (
     KIND_OTHER,
     KIND_STAGE,
     NS,
+    OVER_STREAMED,
     QUANTILE_METHOD,
     BucketRow,
+    Churn,
     Connections,
     Distribution,
     LevelRow,
@@ -38,6 +40,7 @@ from llmspans.report._model import (
     SkippedLine,
     SlowTrace,
     StageRow,
+    Variability,
     WaterfallRow,
     seconds_of,
 )
@@ -52,13 +55,14 @@ from llmspans.report._traces import (
     number,
     optimistic_traces,
 )
-from llmspans.report._triage import Figures, triage, variability_of
+from llmspans.report._triage import Figures, triage
 
 _APP_EXCLUDED = (names.STAGE_LLM, names.STAGE_TURN)
 _BUDGET, _BUDGET_EXCEEDED, _LLM = names.BUDGET, names.BUDGET_EXCEEDED, names.STAGE_LLM
 _CACHE, _OVER_CAP = names.STAGE_CACHE, names.PROMPT_OVER_CAP
 _KIND_ORDER = {KIND_STAGE: 0, KIND_BUCKET: 1, KIND_OTHER: 2}
 _BUCKET_ORDER = {bucket: index for index, bucket in enumerate(names.BUCKETS)}
+_FIRST_TOKEN, _STREAM = names.BUCKETS.index("first_token"), names.BUCKETS.index("stream")
 Order = tuple[int, ...]  # where something first appeared in the input; smaller is earlier
 
 
@@ -150,6 +154,12 @@ class Analysis:
         self._parts: dict[tuple[str, str], array[int]] = {}
         self._part_first: dict[tuple[str, str], Order] = {}
         self._calls = self._successful = self._new_connections = self._reused = 0
+        # Streamed calls alone: their first_token and stream (the variability), and churn by kind of call.
+        self._streamed_first_token: array[int] = array("q")
+        self._streamed_stream: array[int] = array("q")
+        # streamed -> [calls, successful, new connections]
+        self._by_kind = {True: [0, 0, 0], False: [0, 0, 0]}
+        self._closed_before_end = 0
         self._attempts = self._wasted = self._retried = 0
         self._causes: dict[str, int] = {}
         self._cause_first: dict[str, Order] = {}
@@ -246,7 +256,18 @@ class Analysis:
         level = attributes.get(names.LOAD_LEVEL)
         if isinstance(level, str):
             self._add_level(call, level, failed, where)
-        self._new_connections += int(number(call, names.CONNECT_NEW))
+        opened = int(number(call, names.CONNECT_NEW))
+        self._new_connections += opened
+        streamed = attributes.get(names.GEN_AI_REQUEST_STREAM) is True
+        kind = self._by_kind[streamed]
+        kind[0] += 1
+        kind[1] += not failed
+        kind[2] += opened
+        if streamed:
+            self._closed_before_end += attributes.get(names.STREAM_CLOSED_BEFORE_END) is True
+            buckets = call.buckets_ns
+            self._streamed_first_token.append(buckets[_FIRST_TOKEN])
+            self._streamed_stream.append(buckets[_STREAM])
         self._reused += attributes.get(names.CONNECT_REUSED) is True
         failed_attempts = int(number(call, names.RETRY_COUNT))
         self._attempts += failed_attempts + 1
@@ -300,7 +321,7 @@ class Analysis:
         buckets = self._bucket_rows() if self._calls else ()
         parts = self._part_rows()
         figures = Figures(
-            variability=variability_of(buckets),
+            variability=self._variability(),
             retries=Retries(
                 calls=self._calls,
                 successful=self._successful,
@@ -318,6 +339,9 @@ class Analysis:
                 self._new_connections,
                 self._new_connections / self._successful if self._successful else None,
                 self._reused,
+                streamed=_churn(*self._by_kind[True]),
+                not_streamed=_churn(*self._by_kind[False]),
+                closed_before_end=self._closed_before_end,
             ),
             limiters=self._limiter_rows(),
             server=self._server.result(),
@@ -362,6 +386,15 @@ class Analysis:
             caches=self._caches.result(),
             samples=samples if self.traces else {},
         )
+
+    def _variability(self) -> Variability:
+        """first_token against stream over the streamed calls only: a call that did not stream has its
+        whole answer in first_token and nothing in stream, so mixing the two kinds would read decode as
+        first_token's spread."""
+        first = Distribution.of_nanoseconds(self._streamed_first_token).spread
+        stream = Distribution.of_nanoseconds(self._streamed_stream).spread
+        ratio = first / stream if first is not None and stream is not None and stream > 0 else None
+        return Variability(first, stream, ratio, calls=len(self._streamed_first_token), over=OVER_STREAMED)
 
     def _stage_rows(self) -> tuple[StageRow, ...]:
         ordered = sorted(self._stages, key=lambda stage: self._stages[stage].first)
@@ -453,6 +486,12 @@ class Analysis:
             rows.append(_limiter_row(process, name, limiter))
         rows.sort(key=lambda row: -row.backlog_s)
         return tuple(rows)
+
+
+def _churn(calls: int, successful: int, opened: int) -> Churn | None:
+    if not calls:
+        return None
+    return Churn(calls, successful, opened, opened / successful if successful else None)
 
 
 def _seconds(values: Iterable[int]) -> tuple[float, ...]:

@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Iterable, Sequence
 
 from llmspans.report._compare import Comparison
-from llmspans.report._model import Distribution, Report, part_label
+from llmspans.report._model import Distribution, Report, format_quantile, part_label
 from llmspans.report._model import format_seconds as seconds
 
 WIDTH = 100
@@ -44,11 +44,27 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], first_width: i
 def _quantiles(distribution: Distribution) -> list[str]:
     return [
         str(distribution.count),
-        seconds(distribution.p50),
-        seconds(distribution.p95),
-        seconds(distribution.p99),
+        format_quantile(distribution, "p50", short=True),
+        format_quantile(distribution, "p95", short=True),
+        format_quantile(distribution, "p99", short=True),
         "n/a" if distribution.max is None else seconds(distribution.max),
     ]
+
+
+def _bounds_note(distributions: Iterable[Distribution | None]) -> list[str]:
+    """Under a table with quantiles that are only bounds: what `≤` means there."""
+    bounds = [bound for d in distributions if d is not None for bound in d.bounds]
+    if not bounds:
+        return []
+    if all(bound.first_bucket for bound in bounds):
+        where = "the histogram's first bucket (from 0)"
+    else:
+        where = "a histogram bucket wider than the figure itself (the first bucket, from 0, always is)"
+    return _wrap(
+        f"≤ X: the quantile falls in {where}; interpolating inside it would invent a figure, so only the "
+        "bucket's upper bound is given",
+        "  ",
+    )
 
 
 def _cut(text: str, width: int) -> str:
@@ -77,6 +93,9 @@ def _server_histograms(report: Report) -> list[str]:
             if distribution is not None
         ]  # fmt: skip
         out += _table(["part", *_QUANTILE_HEADERS], rows)
+        out += _bounds_note(
+            (histograms.queue, histograms.prefill, histograms.time_to_first_token, histograms.inter_token)
+        )
     return out
 
 
@@ -116,6 +135,7 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
         exceeded = "-" if row.budget is None else f"{row.exceeded}/{row.budgeted}"
         rows.append([row.stage, *_quantiles(row.durations), budget, exceeded])
     out += _table(["stage", *_QUANTILE_HEADERS, "budget", "exceeded"], rows)
+    out += _bounds_note(row.durations for row in report.stages)
     if any(row.budget_varies for row in report.stages):
         out.append(
             "  * budgets differ between spans; the most common one is shown, each span counted against its own"
@@ -128,6 +148,7 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             ["bucket", *_QUANTILE_HEADERS, "of p95"],
             ([row.bucket, *_quantiles(row.values), f"{row.share_p95:.0%}"] for row in report.buckets),
         )
+        out += _bounds_note(row.values for row in report.buckets)
 
     if report.parts:
         out.append("")
@@ -137,9 +158,9 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             (
                 [
                     part.label,
-                    seconds(part.per_trace.p50),
-                    seconds(part.per_trace.p95),
-                    seconds(part.per_trace.p99),
+                    format_quantile(part.per_trace, "p50", short=True),
+                    format_quantile(part.per_trace, "p95", short=True),
+                    format_quantile(part.per_trace, "p99", short=True),
                 ]
                 for part in report.parts
             ),
@@ -162,11 +183,20 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
     if report.llm_calls:
         out.append("")
         variability = report.variability
-        out += _wrap(
-            f"TTFT vs stream variability (p95/p50): first_token {_ratio(variability.first_token_spread)}, "
-            f"stream {_ratio(variability.stream_spread)}; first_token varies {_ratio(variability.ratio)} as much",
-            "",
+        over = (
+            f"over the {variability.calls} {variability.over}"
+            if variability.calls is not None
+            else f"over {variability.over}"
         )
+        if variability.calls == 0:
+            out += _wrap("TTFT vs stream variability: no streamed calls to compare", "")
+        else:
+            out += _wrap(
+                f"TTFT vs stream variability {over} (p95/p50): first_token "
+                f"{_ratio(variability.first_token_spread)}, stream {_ratio(variability.stream_spread)}; "
+                f"first_token varies {_ratio(variability.ratio)} as much",
+                "",
+            )
         connections = report.connections
         churn = f"{connections.per_success:.2f}" if connections.per_success is not None else "n/a"
         reused = (
@@ -174,9 +204,15 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             if connections.reused_final is not None
             else ""
         )
+        by_kind = [
+            f"{name} {kind.per_success:.2f} ({kind.new_connections} new, {kind.successful} successful)"
+            for name, kind in (("streamed", connections.streamed), ("non-streamed", connections.not_streamed))
+            if kind is not None and kind.per_success is not None
+        ]
+        kinds = f"; by the calls that opened them: {', '.join(by_kind)}" if by_kind else ""
         out += _wrap(
             f"Connection churn: {churn} new connections per successful call ({connections.new_connections} new, "
-            f"{connections.successful} successful calls{reused})",
+            f"{connections.successful} successful calls{reused}){kinds}",
             "",
         )
         retries = report.retries
@@ -218,34 +254,24 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
     if server is not None:
         out.append("")
         engines = f"; vLLM's {' and '.join(server.engines)} engine" if server.engines else ""
-        out.append(f"first_token split by the server's llm_request spans ({server.calls} calls{engines})")
-        rows = [
-            ["first_token (client)", *_quantiles(server.first_token)],
-            ["server queue", *_quantiles(server.server_queue)],
-            ["prefill", *_quantiles(server.prefill)],
-        ]
-        if server.server_front_end is not None and server.network_and_client is not None:
-            rows += [
-                ["server front end", *_quantiles(server.server_front_end)],
-                ["network and client", *_quantiles(server.network_and_client)],
-            ]
-        else:
-            rows.append(["network/other", *_quantiles(server.network_other)])
-        out += _table(["part", *_QUANTILE_HEADERS], rows)
-        if (
-            server.stream is not None
-            and server.server_decode is not None
-            and server.stream_network_and_client
-        ):
+        kinds = (
+            f": {server.streamed_calls} streamed, {server.calls - server.streamed_calls} not"
+            if 0 < server.streamed_calls < server.calls
+            else ""
+        )
+        out.append(
+            f"first_token split by the server's llm_request spans ({server.calls} calls{kinds}{engines})"
+        )
+        out += _table(
+            ["part", *_QUANTILE_HEADERS],
+            ([row.label, *_quantiles(row.values)] for row in server.rows if row.bucket == "first_token"),
+        )
+        stream_rows = [row for row in server.rows if row.bucket == "stream"]
+        if stream_rows:
             out.append("")
             out.append(f"stream split by the same spans ({server.streamed_calls} streamed calls)")
             out += _table(
-                ["part", *_QUANTILE_HEADERS],
-                (
-                    ["stream (client)", *_quantiles(server.stream)],
-                    ["server decode", *_quantiles(server.server_decode)],
-                    ["network and client", *_quantiles(server.stream_network_and_client)],
-                ),
+                ["part", *_QUANTILE_HEADERS], ([row.label, *_quantiles(row.values)] for row in stream_rows)
             )
         for note in server.notes:
             out += _wrap(f"note: {note}", "")

@@ -15,6 +15,7 @@ from llmspans.report._model import (
     KIND_BUCKET,
     KIND_OTHER,
     KIND_STAGE,
+    OVER_ALL,
     UNMARKED,
     BucketRow,
     Connections,
@@ -28,6 +29,7 @@ from llmspans.report._model import (
     StageRow,
     Triage,
     Variability,
+    format_quantile,
     format_seconds,
 )
 
@@ -51,15 +53,27 @@ WAITING_RISE = 1.0
 PREFIX_HITS_FALL = 0.2
 # Calls over the prompt cap "wait longer for their first token" at this p95 over the rest's, or more.
 OVER_CAP_SLOWER = 1.5
+# New connections per successful call above which churn is worth a note.
+CHURN = 0.5
 
 
 def variability_of(buckets: Sequence[BucketRow]) -> Variability:
-    """How much more first_token's tail stretches (p95/p50) than stream's."""
+    """How much more first_token's tail stretches (p95/p50) than stream's, over every call the bucket rows
+    hold (the Prometheus path, whose histograms do not tell streamed calls apart; the span path compares
+    the streamed calls alone, `_analysis`)."""
     by_name = {row.bucket: row.values for row in buckets}
     first = by_name["first_token"].spread if "first_token" in by_name else None
     stream = by_name["stream"].spread if "stream" in by_name else None
     ratio = first / stream if first is not None and stream is not None and stream > 0 else None
-    return Variability(first, stream, ratio)
+    return Variability(first, stream, ratio, over=OVER_ALL)
+
+
+def _varies(variability: Variability) -> str:
+    """`varies 3.6x more than stream (over its 12 streamed calls)`, as the advice says it."""
+    over = (
+        f"the {variability.calls} {variability.over}" if variability.calls is not None else variability.over
+    )
+    return f"varies {variability.ratio:.1f}x more than stream (over {over})"
 
 
 def _causes_text(causes: Mapping[str, int]) -> str:
@@ -151,17 +165,12 @@ def _rule(part: Part, figures: Figures) -> tuple[str, str, str]:
         )
     if name == "first_token":
         varies = (
-            f" and varies {variability.ratio:.1f}x more than stream"
+            f" and {_varies(variability)}"
             if variability.ratio is not None and variability.ratio >= VARIES_MORE
             else ""
         )
         server = figures.server
-        split = (
-            f" (server side at p95: queue {format_seconds(server.server_queue.p95)}, prefill "
-            f"{format_seconds(server.prefill.p95)}, network/other {format_seconds(server.network_other.p95)})"
-            if server is not None
-            else _from_histograms(figures.histograms)
-        )
+        split = _server_side(server) if server is not None else _from_histograms(figures.histograms)
         bound = memory_bound(figures.pressure)
         if bound is not None:
             return (
@@ -208,10 +217,25 @@ class Figures:
     prompt_caps: PromptCaps | None = None
 
 
+def _server_side(server: ServerSplit) -> str:
+    """first_token's parts at p95 from the server spans, every row named as the split table names it."""
+    if not server.rows:  # a split made before the rows existed
+        return (
+            f" (server side at p95: queue {format_seconds(server.server_queue.p95)}, prefill "
+            f"{format_seconds(server.prefill.p95)}, network/other {format_seconds(server.network_other.p95)})"
+        )
+    parts = ", ".join(
+        f"{row.label} {format_seconds(row.values.p95)}"
+        for row in server.rows
+        if row.bucket == "first_token" and row.part != "client"
+    )
+    return f" (server side at p95: {parts})"
+
+
 def _from_histograms(histograms: tuple[ServerHistograms, ...]) -> str:
     """The server's own queue and prefill at p95 from vLLM's histograms, when no server span split it."""
     said = [
-        f"{h.model}: queue {format_seconds(h.queue.p95)}, prefill {format_seconds(h.prefill.p95)}"
+        f"{h.model}: queue {format_quantile(h.queue, 'p95')}, prefill {format_quantile(h.prefill, 'p95')}"
         for h in histograms
         if h.queue is not None and h.prefill is not None
     ]
@@ -262,7 +286,7 @@ def _notes(dominant: Part, parts: Sequence[Part], figures: Figures) -> list[str]
         and first_token.per_trace.p95 >= 0.25 * dominant.per_trace.p95
     ):
         notes.append(
-            f"first_token varies {ratio:.1f}x more than stream: look at server queueing, connection reuse "
+            f"first_token {_varies(figures.variability)}: look at server queueing, connection reuse "
             "and prompt length"
         )
     note = _long_prompts(figures.prompt_caps)
@@ -278,8 +302,8 @@ def _notes(dominant: Part, parts: Sequence[Part], figures: Figures) -> list[str]
     )
     notes += _pressure_notes(figures.pressure, queue_small)
     churn = figures.connections.per_success
-    if dominant.name != "connect" and churn is not None and churn > 0.5:
-        notes.append(f"connection churn: {churn:.2f} new connections per successful call; reuse connections")
+    if dominant.name != "connect" and churn is not None and churn > CHURN:
+        notes.append(_churn_note(figures.connections, churn))
     per_success = figures.retries.attempts_per_success
     if dominant.name != "retry" and per_success is not None and per_success >= 1.2:
         notes.append(f"retry amplification: {per_success:.2f} attempts per success; check retry budgets")
@@ -347,6 +371,25 @@ def cause_of(part: Part, figures: Figures) -> Cause:
     ):
         finding = FINDING_SERVER_QUEUE
     return Cause(finding, seen, advice, notes)
+
+
+def _churn_note(connections: Connections, churn: float) -> str:
+    """Connection churn, and where it comes from when streamed calls closed before their body's end brought
+    it: the openai SDK's own streamed path, which reusing the client does not change (docs/report.md)."""
+    said = f"connection churn: {churn:.2f} new connections per successful call"
+    closed = connections.closed_before_end
+    streamed = connections.streamed
+    if not closed or streamed is None:
+        return f"{said}; reuse connections"
+    rest = connections.new_connections - closed
+    advice = "reusing the client does not change that" + (
+        "" if rest <= 1 else "; for the rest, reuse connections"
+    )
+    return (
+        f"{said}; {closed} of {streamed.calls} streamed calls closed their response before the body's end (the "
+        "openai SDK stops reading at `data: [DONE]` and closes it; vLLM sends the body's end after that), so "
+        f"over HTTP/1.1 each left the pool without its connection and a later call opened one: {advice}"
+    )
 
 
 def triage(parts: Sequence[Part], stages: Sequence[StageRow], figures: Figures) -> Triage | None:

@@ -167,9 +167,10 @@ def _exercise() -> Exercised:
         with contextlib.suppress(openai.APIStatusError):
             laned.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "fails"}])
 
-        # vLLM 0.33 exposes every signal the sampler reads. The rates and the prefix-cache ratio need
-        # two samples with a prompt looked up between them: a warm-up request, then a fresh sample.
-        with VLLMSimulator(EngineConfig(version=FAMILIES["0.33"])) as vllm:
+        # vLLM 0.32 exposes every signal the sampler reads. The rates and the prefix-cache ratio need
+        # two samples with a prompt looked up between them: a warm-up request, then a fresh sample. The
+        # call decodes slowly enough (0.6 s) for the sampler to read the server while it waits.
+        with VLLMSimulator(EngineConfig(version=FAMILIES["0.32/0.33"], decode_per_token=0.2)) as vllm:
             sampled = llmspans.instrument(
                 openai.OpenAI(base_url=vllm.base_url, api_key="x", max_retries=0),
                 provider="vllm",

@@ -11,6 +11,7 @@ instead of per trace, sampled gauges, no slowest list but exemplars): docs/repor
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from llmspans import _names as names
 from llmspans.report._model import (
     KIND_BUCKET,
     KIND_STAGE,
+    Bound,
     BucketRow,
     CacheRow,
     Connections,
@@ -180,25 +182,52 @@ def _escape(value: str) -> str:
 
 
 def _histograms(api: _Api, metric: str, label: str, select: str, window: _Window) -> dict[str, Distribution]:
-    """Per label value: the increase in count and the interpolated p50/p95/p99 over the window."""
+    """Per label value: the increase in count and the interpolated p50/p95/p99 over the window; a quantile
+    that falls in a bucket wider than itself is only that bucket's bound (`_bounded`)."""
     counts = {
         labels.get(label, ""): value
         for labels, value in api.vector(
             f"sum by ({label}) (increase({metric}_count{select}[{window.range}]))", window.end_s
         )
     }
+    buckets = f"sum by (le, {label}) (increase({metric}_bucket{select}[{window.range}]))"
     quantiles: dict[str, dict[float, float]] = {}
     for q in (0.5, 0.95, 0.99):
-        query = f"histogram_quantile({q}, sum by (le, {label}) (increase({metric}_bucket{select}[{window.range}])))"
-        for labels, value in api.vector(query, window.end_s):
+        for labels, value in api.vector(f"histogram_quantile({q}, {buckets})", window.end_s):
             quantiles.setdefault(labels.get(label, ""), {})[q] = value
+    edges: dict[str, set[float]] = {}
+    for labels, _count in api.vector(buckets, window.end_s):
+        try:
+            edge = float(labels.get("le", "nan"))
+        except ValueError:
+            continue
+        if math.isfinite(edge):
+            edges.setdefault(labels.get(label, ""), set()).add(edge)
     return {
-        name: Distribution(
-            round(count), values.get(0.5, 0.0), values.get(0.95, 0.0), values.get(0.99, 0.0), None
-        )
+        name: _bounded(round(count), values, sorted(edges.get(name, ())))
         for name, values in quantiles.items()
         if (count := counts.get(name, 0.0)) > 0
     }
+
+
+def _bounded(count: int, values: Mapping[float, float], edges: list[float]) -> Distribution:
+    """The quantiles as a Distribution. `histogram_quantile` interpolates linearly inside the bucket that
+    holds the rank, as if the values were spread evenly across it: where the bucket is wider than the
+    figure itself (always so for the first, from 0 to its upper edge), that is a figure of the buckets,
+    not of the data, so the quantile is reported as the bucket's upper edge and named a bound."""
+    figures: dict[str, float] = {}
+    bounds: list[Bound] = []
+    for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+        value = figures[name] = values.get(q, 0.0)
+        upper_index = bisect.bisect_left(edges, value)
+        if not math.isfinite(value) or upper_index >= len(edges):
+            continue  # above the highest finite edge: Prometheus gives that edge; nothing better is known
+        upper = edges[upper_index]
+        lower = edges[upper_index - 1] if upper_index > 0 else 0.0
+        if upper > 0 and upper - lower > value:
+            bounds.append(Bound(name, lower, upper))
+            figures[name] = upper
+    return Distribution(count, figures["p50"], figures["p95"], figures["p99"], None, tuple(bounds))
 
 
 def _by_label(api: _Api, query: str, label: str, at_s: float) -> dict[str, float]:
