@@ -618,3 +618,51 @@ def test_the_pressure_signals_under_sustained_load(
         f"\nreal vLLM under load: vLLM's queue held {queued / lasted:.1f} on average; the calls saw waiting "
         f"{pressure['waiting_before']:.1f} -> {pressure['waiting_after']:.1f}"
     )
+
+
+@retry_timing
+async def test_llmspans_load_finds_the_knee_at_the_servers_batch_limit(real_vllm: VLLMServer) -> None:
+    """`llmspans load` against the real server, which runs two requests at a time: from 2 to 4 concurrent
+    users throughput stops growing and the time to an answer doubles, so the knee is between 2 and 4, and
+    vLLM's own /metrics put the wait in its queue (waiting up, running at its cap of 2). Long answers, not
+    streamed: the engine, not vLLM's front end, is what the callers wait for (see the sustained-load test).
+    On a machine too busy to keep two requests in vLLM's engine at once, the run shows no knee: a retry."""
+    from llmspans.load._cli import build_result
+    from llmspans.load._model import SHAPE_CONCURRENCY
+    from llmspans.load._runner import Runner
+    from llmspans.load._text import render as render_text
+    from llmspans.load._workload import Plan, Workload, parse_levels
+    from llmspans.report._triage import FINDING_SERVER_QUEUE
+    from tests.test_load import providers
+
+    workload = Workload(model=real_vllm.model, max_tokens=200, prompt_tokens=12, stream=False)
+    plan = Plan(
+        shape=SHAPE_CONCURRENCY, levels=parse_levels("1,2,4", SHAPE_CONCURRENCY), requests_per_level=8,
+        max_requests=24, max_seconds=240,
+    )  # fmt: skip
+    sampler = busy_server_sampler(real_vllm)
+    try:
+        with providers() as (tracer_provider, _):
+            runner = Runner(
+                workload, plan, base_url=real_vllm.base_url, tracer_provider=tracer_provider, provider="vllm",
+                server_metrics=sampler, max_retries=0,
+            )  # fmt: skip
+            outcome = await runner.run()
+    finally:
+        sampler.close()
+    result = build_result(
+        outcome.levels, workload=workload, plan=plan, target=real_vllm.base_url, run_id=runner.run_id,
+        interrupted=outcome.interrupted, notes=outcome.notes,
+    )  # fmt: skip
+    text = render_text(result)
+    assert all(stats.completed == stats.requests == 8 for stats in outcome.levels), text
+    assert result.knee is not None, text
+    assert (result.knee.before.label, result.knee.at.label) == ("concurrency=2", "concurrency=4"), text
+    by_level = {stats.level.label: stats for stats in result.levels}
+    at = by_level["concurrency=4"].server
+    assert at is not None
+    assert at.running_max <= real_vllm.max_num_seqs
+    assert at.waiting_max >= 1, text
+    assert result.verdict is not None
+    assert result.verdict.finding == FINDING_SERVER_QUEUE, text
+    print("\n" + text)
