@@ -181,7 +181,7 @@ build_model() {
     rm -rf "$DIR/$name.tmp"
     local t0=$SECONDS
     HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1 \
-        "$DIR/tserve/bin/python" "$MAKE_MODEL" "$@" "$DIR/$name.tmp"
+        "$DIR/tserve/bin/python" -P "$MAKE_MODEL" "$@" "$DIR/$name.tmp"
     rm -rf "${DIR:?}/$name"
     mv "$DIR/$name.tmp" "$DIR/$name"
     write_stamp "$name" "$key"

@@ -3,7 +3,7 @@
 The estimate runs on every capped call, before the request leaves, so its time is added to the call's
 first_token. Measured here for a short prompt (one 100-character message) and a 100 KB one, with each
 estimator: characters/4, a Hugging Face tokenizer and a tiktoken encoding (both a byte-level BPE of 2,000
-merges trained here by tests/support/tokenizers.py, since OpenAI's own encodings need a download this
+merges trained here by tests/support/trained_tokenizers.py, since OpenAI's own encodings need a download this
 machine cannot make). Then what a call pays for the levers: their own work on one call record (opened,
 estimated, its usage compared, finished), best of many turns against the same record without them; and
 over a whole non-streamed openai call against an in-memory transport (no network, the method of
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests/support/tokenizers.py: the tokenizers trained here
+sys.path.insert(0, str(ROOT))  # tests/support/trained_tokenizers.py: the tokenizers trained here
 
 MODEL = "gpt-4o-mini"
 
@@ -59,7 +59,7 @@ def _cpu_best(function: Callable[[], Any], number: int, repeat: int) -> float:
 def estimate_costs(quick: bool) -> list[tuple[str, str, float, int]]:
     """(estimator, prompt, µs per estimate, tokens) for each estimator and prompt size."""
     from llmspans import _prompt
-    from tests.support.tokenizers import as_tiktoken, sample_text, train_bpe
+    from tests.support.trained_tokenizers import as_tiktoken, sample_text, train_bpe
 
     bpe = train_bpe(vocab_size=2000)
     estimators: list[Any] = [
@@ -90,7 +90,7 @@ def lever_work(quick: bool) -> list[tuple[str, float]]:
     many runs taken in turns with the plain record's; and the plain record's own µs."""
     from llmspans import _prompt
     from llmspans._call import CallRecord
-    from tests.support.tokenizers import sample_text
+    from tests.support.trained_tokenizers import sample_text
 
     cap = _prompt.PromptCap(1_000_000, None, "chars")
     bodies = {size: {"model": MODEL, "messages": [{"role": "user", "content": sample_text(chars)}]}
@@ -142,7 +142,7 @@ def call_costs(quick: bool) -> list[tuple[str, float, float]]:
 
     import llmspans
     from llmspans import _cache
-    from tests.support.tokenizers import sample_text
+    from tests.support.trained_tokenizers import sample_text
 
     answer = json.dumps({
         "id": "c1", "object": "chat.completion", "created": 1, "model": MODEL,

@@ -2,7 +2,7 @@
 
 Every estimate here is checked against a count made independently: characters/4 by hand, a Hugging Face
 tokenizer and a tiktoken encoding by those libraries themselves. Both tokenizers are trained here
-(tests/support/tokenizers.py): OpenAI's tiktoken encodings need a download this machine cannot make, so
+(tests/support/trained_tokenizers.py): OpenAI's tiktoken encodings need a download this machine cannot make, so
 tiktoken is tested through an encoding registered as a plugin would register it, and its real
 `o200k_base` only where it is missing (one warning, characters/4, no download tried).
 """
@@ -26,7 +26,7 @@ from llmspans import _names as names
 from llmspans import _prompt
 from llmspans.testing import Captured
 from llmspans.tools.simulator import Behavior, SimulatedServer
-from tests.support.tokenizers import (
+from tests.support.trained_tokenizers import (
     as_tiktoken,
     registered_tiktoken,
     sample_text,
