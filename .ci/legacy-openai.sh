@@ -26,3 +26,5 @@ assert major < 3, f"the legacy leg needs an httpx-based openai (1.x/2.x), got {o
 print(f"openai {openai.__version__} (sends through httpx)")
 PY
 "$venv/bin/python" -m pytest tests/test_openai_sdk.py tests/test_stream.py tests/test_transport.py tests/test_transport_kinds.py tests/test_instrument.py -q
+# The recorded conversations through the httpx-based SDK (the plain-client cases need httpx2: not here).
+"$venv/bin/python" -m pytest tests/test_conversation.py -q -k "OpenAI"

@@ -1,7 +1,9 @@
-"""The `llmspans` command (also `python -m llmspans`): `llmspans report ...` and `llmspans demo ...`.
+"""The `llmspans` command (also `python -m llmspans`): `llmspans report ...`, `llmspans demo ...` and
+`llmspans load ...`.
 
 Exit codes: 0 when a report was printed (an empty one included), 2 when the input or the
-arguments could not be used; the reason is one line on stderr.
+arguments could not be used; the reason is one line on stderr. `llmspans load` also exits 130 when
+Ctrl-C stopped it, after printing what it had.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import TextIO
 
+from llmspans.load import _cli as load_cli
 from llmspans.report import _cli as report_cli
 from llmspans.report._cli import EXIT_BAD_INPUT, EXIT_OK, emit
 from llmspans.report._text import WIDTH
@@ -21,9 +24,10 @@ def _parser() -> argparse.ArgumentParser:
     from llmspans.tools.demo import DEFAULT_CONCURRENCY, DEFAULT_REQUESTS, DEFAULT_SEED, SCENARIOS
 
     parser = argparse.ArgumentParser(
-        prog="llmspans", description="Where an LLM request's time goes: read the spans, or watch a demo."
+        prog="llmspans",
+        description="Where an LLM request's time goes: read the spans, watch a demo, or load a server.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{report,demo}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{report,demo,load}")
     report = commands.add_parser(
         "report",
         help="per-stage and per-bucket p50/p95/p99 against budgets, and what to fix first",
@@ -66,6 +70,19 @@ def _parser() -> argparse.ArgumentParser:
         "--html", metavar="OUT.html", help="also write the report as a self-contained HTML page"
     )
     demo.add_argument("--top", type=int, default=5, metavar="N", help="how many slowest traces to list (5)")
+
+    load = commands.add_parser(
+        "load",
+        help="the latency curve under load, each request split into its buckets, and the knee named",
+        description=textwrap.fill(
+            "Drive an OpenAI-compatible endpoint through the instrumented openai client at rising load (closed "
+            "loop: --concurrency; open loop: --rate; or --sweep), print TTFT, TPOT, ITL, e2e, throughput and "
+            "each bucket's p95 per level, find the knee and name what grew there in the report's words. The "
+            "spans go where configure() sends them, each call with its level, so `llmspans report` splits them.",
+            79,
+        ),
+    )
+    load_cli.add_arguments(load)
     return parser
 
 
@@ -148,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
         return report_cli.run(args)
+    if args.command == "load":
+        return load_cli.run(args)
     return _demo(args)
 
 

@@ -21,7 +21,7 @@ import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -50,6 +50,16 @@ _CHUNK_BOUNDS = metric.CHUNK_BOUNDARIES_NS
 _CHUNK_BUCKETS = len(_CHUNK_BOUNDS) + 1
 # Outcomes that end while the client waits on the server: what follows the last chunk is the server's.
 _SERVER_ENDED = frozenset({names.OUTCOME_ERROR, names.OUTCOME_CANCELLED})
+
+
+class ServerState(Protocol):
+    """Where a call draws the serving engine's state from (`llmspans.vllm.ServerMetrics`)."""
+
+    def watch(self, call: CallRecord) -> None:
+        """The call was just sent to the server."""
+
+    def attributes_during(self, sent_ns: int, answered_ns: int) -> Mapping[str, AttributeValue]:
+        """The span attributes of a call sent at `sent_ns` and answered at `answered_ns`."""
 
 
 class Attempt:
@@ -165,8 +175,12 @@ class CallRecord:
     bytes_at_ns = 0
     # Run once the call is over, e.g. handing a limiter slot back.
     on_release: Callable[[], None] | None = None
-    # The serving engine's latest sampled state (vLLM's queue, batch, KV cache), stamped at admission.
-    server_state: Callable[[], Mapping[str, AttributeValue]] | None = None
+    # A lever the call is under (a prompt cap's estimate, the caches' window of call durations), told
+    # once the call is written: `finished(record, outcome, duration_ns)`. None for most calls.
+    lever: Any = None
+    # The serving engine's sampled state (vLLM's queue, batch, KV cache): told when the call is sent
+    # (`watch_server`), stamped when it ends with what the server looked like during it.
+    server_state: ServerState | None = None
     # Gaps between chunks: the conventions' per-chunk histogram, counted as they come (or recorded
     # one by one where the SDK aggregates: `chunk_live`), and for a recording span a finer sketch
     # for its inter-token percentiles.
@@ -286,13 +300,29 @@ class CallRecord:
         # The lane is the limiter's name, on the call's metrics as well as its span.
         self.shape = self.shape.in_lane(admission.name)
         self.admitted(admission.admitted_ns, admission.attributes() if self.recording else None)
-        self.stamp_server_state()
+        if self.server_state is not None:
+            self.watch_server()
+
+    @guarded(sites.CALL_SERVER_STATE, None)
+    def watch_server(self) -> None:
+        """The call goes to the server now: its sampler may read the server while the call waits."""
+        if self.server_state is not None and self.recording:
+            self.server_state.watch(self)
 
     @guarded(sites.CALL_SERVER_STATE, None)
     def stamp_server_state(self) -> None:
-        """The server's state as last sampled, on the span, at the moment the call is admitted."""
-        if self.server_state is not None and self.recording:
-            self.span.set_attributes(self.server_state())
+        """What the server looked like during the call, on its span: read when the call ends, over the
+        time from its sending to its first token (a non-streamed call's whole answer)."""
+        server_state = self.server_state
+        if server_state is None:
+            return
+        attempts = self.attempts
+        sent = attempts[0].started_ns if attempts else self.issued_ns()
+        if self.stream:
+            answered = self.first_chunk_ns or self.released_ns or sent
+        else:
+            answered = (attempts[-1].body_done_ns if attempts else None) or self.released_ns or sent
+        self.span.set_attributes(server_state.attributes_during(sent, answered))
 
     def context(self) -> Context:
         """A context holding the call's span: the parent of its attempts and phases, and what its request
@@ -556,6 +586,8 @@ class CallRecord:
         exceeded = self.budget is not None and _budget.record_on_span(self.span, self.budget, duration_ns)
         if self.recording:
             self._write_span(outcome, buckets, final_status)
+            if self.server_state is not None:
+                self.stamp_server_state()
             # Phase spans only where someone will look (a slow call): a fast call pays this comparison.
             mode = self.phase_spans or _phases.mode
             if mode != names.PHASE_SPANS_NEVER and (
@@ -565,6 +597,8 @@ class CallRecord:
         self._record_metrics(buckets, duration_ns, exceeded)
         if self.turn is not None:
             self.turn.add(names.STAGE_LLM, duration_ns)
+        if self.lever is not None:
+            self.lever.finished(self, outcome, duration_ns)
 
     def _write_span(self, outcome: str, buckets: tuple[int, ...], final_status: int | None) -> None:
         """The call span's attributes and events; only for a span that records (docs/telemetry.md lists
@@ -602,6 +636,8 @@ class CallRecord:
         if self.stream:
             attributes[names.STREAM_CHUNKS] = self.chunks
             attributes[names.STREAM_OUTCOME] = outcome
+            if attempts and attempts[-1].body_done_ns is None and attempts[-1].status is not None:
+                attributes[names.STREAM_CLOSED_BEFORE_END] = True
             if self.first_chunk_ns:
                 attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = seconds(
                     self.first_chunk_ns - self.issued_ns()

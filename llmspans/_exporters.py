@@ -22,6 +22,7 @@ The embedded default's file exporters share one locked line stream.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import logging
@@ -29,6 +30,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -85,6 +87,7 @@ class _LineStream(io.TextIOBase):
 
     def __init__(self, path: Path) -> None:
         super().__init__()
+        _line_streams[path] = self
         self._lock = threading.Lock()
         self._failed = False
         self._file: IO[str] | None = None
@@ -131,6 +134,32 @@ class _LineStream(io.TextIOBase):
 
     def writable(self) -> bool:
         return True
+
+
+_line_streams: weakref.WeakValueDictionary[Path, _LineStream] = weakref.WeakValueDictionary()
+
+
+def append_whole_lines(target: Path, source: Path) -> int:
+    """Append `source`'s lines to the traces file `target` and say how many; OSError when one of them cannot
+    be read or written.
+
+    Through the line stream this process's exporters write `target` with, when there is one, so none of
+    their lines is cut in two; else opened for appending. A last line without its newline (its writer died
+    in the middle of it) is left out: the file keeps only whole OTLP-JSON documents.
+    """
+    stream = _line_streams.get(target)
+    appended = 0
+    with open(source, encoding="utf-8") as lines, contextlib.ExitStack() as stack:
+        write = (
+            stream.write
+            if stream is not None
+            else stack.enter_context(open(target, "a", encoding="utf-8")).write
+        )
+        for line in lines:
+            if line.endswith("\n"):
+                write(line)
+                appended += 1
+    return appended
 
 
 class _RepeatedRecordFilter(logging.Filter):

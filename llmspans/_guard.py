@@ -32,6 +32,11 @@ class InjectedFault(RuntimeError):
     """Raised by a site the fault-injection switch names; only ever seen in tests."""
 
 
+class Deliberate(Exception):
+    """An exception llmspans raises into the app on purpose, because the app asked for it (a prompt cap
+    with `on_exceed="error"`): the guards let it through, where they swallow any failure of our own."""
+
+
 def report(site: str, error: BaseException) -> None:
     """Log an internal error once per site: a broken hook must not flood the app's logs."""
     with _reported_lock:
@@ -66,6 +71,8 @@ def guarded(site: str, default: D) -> Callable[[Callable[P, R]], Callable[P, R |
                 if _faults and site in _faults:  # `check_fault`, inlined: this runs on every call
                     raise InjectedFault(site)
                 return func(*args, **kwargs)
+            except Deliberate:
+                raise
             except Exception as error:
                 report(site, error)
                 return default

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from llmspans import _budget, _classes, _content, _phases
+from llmspans import _budget, _classes, _content, _phases, _prompt
 from llmspans._adapters import Adapter, openai_sdk, plain_http
 from llmspans._limiter import Limiter
 from llmspans._settings import Settings, check_attempt_spans
@@ -55,6 +55,9 @@ def instrument(
     server_metrics: bool | ServerMetrics = False,
     attempt_spans: str | None = None,
     phase_spans: str | None = None,
+    max_prompt_tokens: int | None = None,
+    on_exceed: str | None = None,
+    prompt_tokenizer: str | None = None,
 ) -> C:
     """Instrument an LLM client in place and return it: `client = llmspans.instrument(OpenAI())`.
 
@@ -69,11 +72,16 @@ def instrument(
     `configure(attempt_spans=...)` chose) only the attempts of a call that retried get one.
     `phase_spans` ("slow", "always" or "never"; by default what `configure()` chose, else "slow") says
     which calls get a child span per phase (queue wait, back-off, connect, first token, stream, post).
+    `max_prompt_tokens=N` estimates each prompt's size before it is sent (with `prompt_tokenizer`: None
+    for tiktoken's encoding of the OpenAI models it knows, `"hf:<name or path>"`, `"tiktoken:<encoding>"`
+    or `"chars"`; characters/4 where none is available) and marks the calls over N; `on_exceed="error"`
+    raises `llmspans.PromptTooLarge` for them instead, before anything is sent.
     """
     options: dict[str, Any] = {
         "provider": provider, "limiter": limiter, "budget": budget, "capture_content": capture_content,
         "request_usage": request_usage, "server_metrics": server_metrics, "attempt_spans": attempt_spans,
-        "phase_spans": phase_spans,
+        "phase_spans": phase_spans, "max_prompt_tokens": max_prompt_tokens, "on_exceed": on_exceed,
+        "prompt_tokenizer": prompt_tokenizer,
     }  # fmt: skip
     if isinstance(client, type):
         if not any(adapter.matches_class(client) for adapter in ADAPTERS):
@@ -111,17 +119,19 @@ def _check(**options: Any) -> None:
     if options["budget"] is not None:
         _budget.parse_seconds(options["budget"], what="budget for the LLM call")
     _content.check(options["capture_content"])
+    _prompt.check(options["max_prompt_tokens"], options["on_exceed"], options["prompt_tokenizer"])
 
 
 def _instrument_one(
     adapter: Adapter, client: C, *, provider: str | None, limiter: Limiter | None, budget: float | str | None,
     capture_content: Any, request_usage: bool, server_metrics: Any, attempt_spans: str | None,
-    phase_spans: str | None,
+    phase_spans: str | None, max_prompt_tokens: int | None, on_exceed: str | None, prompt_tokenizer: str | None,
 ) -> C:  # fmt: skip
     _check(
         provider=provider, limiter=limiter, budget=budget, capture_content=capture_content,
         request_usage=request_usage, server_metrics=server_metrics, attempt_spans=attempt_spans,
-        phase_spans=phase_spans,
+        phase_spans=phase_spans, max_prompt_tokens=max_prompt_tokens, on_exceed=on_exceed,
+        prompt_tokenizer=prompt_tokenizer,
     )  # fmt: skip
     attempt_spans = check_attempt_spans(attempt_spans)
     phase_spans = _phases.check(phase_spans)
@@ -148,6 +158,9 @@ def _instrument_one(
         owns_server_metrics=server_metrics is True,
         attempt_spans=attempt_spans,
         phase_spans=phase_spans,
+        prompt_cap=None
+        if max_prompt_tokens is None
+        else _prompt.PromptCap(max_prompt_tokens, on_exceed, prompt_tokenizer),
     )
     adapter.install(client, settings)
     return client

@@ -88,9 +88,24 @@ STREAM_OUTPUT_SPEED = InstrumentSpec(
     "measurement per streamed call that reported its output tokens.",
     HISTOGRAM, names.SPEED_BOUNDARIES,
 )  # fmt: skip
+# The levers' own (README "Levers"): recorded only where a prompt cap or a cache lookup is used.
+PROMPT_ESTIMATE_RATIO = InstrumentSpec(
+    10, names.METRIC_PROMPT_ESTIMATE_RATIO, "1",
+    "A capped call's estimated prompt tokens over the input tokens the server reported.",
+    HISTOGRAM, names.RATIO_BOUNDARIES,
+)  # fmt: skip
+CACHE_LOOKUPS = InstrumentSpec(
+    11, names.METRIC_CACHE_LOOKUPS, "{lookup}", "Cache lookups, hit or miss.", COUNTER, integer=True
+)
+CACHE_SAVED_ESTIMATE = InstrumentSpec(
+    12, names.METRIC_CACHE_SAVED_ESTIMATE, "s",
+    "On a cache hit, the LLM call time it saved, estimated as the p50 of this process's recent calls.",
+    HISTOGRAM, names.DURATION_BOUNDARIES,
+)  # fmt: skip
 INSTRUMENTS: tuple[InstrumentSpec, ...] = (
     OPERATION_DURATION, TOKEN_USAGE, TIME_TO_FIRST_CHUNK, TIME_PER_OUTPUT_CHUNK, BUCKET_DURATION,
-    STAGE_DURATION, BUDGET_EXCEEDED, RETRY_ATTEMPTS, CONNECT_NEW, STREAM_OUTPUT_SPEED,
+    STAGE_DURATION, BUDGET_EXCEEDED, RETRY_ATTEMPTS, CONNECT_NEW, STREAM_OUTPUT_SPEED, PROMPT_ESTIMATE_RATIO,
+    CACHE_LOOKUPS, CACHE_SAVED_ESTIMATE,
 )  # fmt: skip
 # The per-chunk gaps are counted on these boundaries in nanoseconds while the stream runs.
 CHUNK_BOUNDARIES_NS: tuple[int, ...] = tuple(round(bound * 1e9) for bound in TIME_PER_OUTPUT_CHUNK.boundaries)

@@ -93,6 +93,9 @@ PHASE_SPANS_NEVER: Final = "never"
 
 STREAM_CHUNKS: Final = "llmspans.stream.chunks"
 STREAM_OUTCOME: Final = "llmspans.stream.outcome"
+# True when the caller closed the response before its body's end was read (the openai SDK does, at
+# `data: [DONE]`): over HTTP/1.1 its connection cannot go back to the pool. Absent otherwise.
+STREAM_CLOSED_BEFORE_END: Final = "llmspans.stream.closed_before_end"
 ITL_P50: Final = "llmspans.itl.p50"
 ITL_P95: Final = "llmspans.itl.p95"
 ITL_MAX: Final = "llmspans.itl.max"
@@ -128,6 +131,29 @@ BUDGET_EXCEEDED: Final = "llmspans.budget.exceeded"
 BUDGET_OVERRUN: Final = "llmspans.budget.overrun"
 BUDGET_CUT: Final = "llmspans.budget.cut"
 
+# `llmspans load` (llmspans/load/): on each call span the load tool made, the level it ran at and the run,
+# so `llmspans report` splits a traces file by level and `--baseline` compares two load runs.
+LOAD_LEVEL: Final = "llmspans.load.level"  # e.g. "concurrency=8" or "rate=4" (requests/s)
+LOAD_RUN_ID: Final = "llmspans.load.run_id"
+
+# Levers (docs/telemetry.md, README "Levers"): a prompt cap on an instrumented client, and cache lookups.
+# A capped call's prompt size as estimated before sending, by what, against which cap, and the estimate over
+# the server's own count once it answered (`gen_ai.usage.input_tokens`).
+PROMPT_ESTIMATED_TOKENS: Final = "llmspans.prompt.estimated_tokens"
+PROMPT_ESTIMATOR: Final = "llmspans.prompt.estimator"  # `chars/4`, `tiktoken:<encoding>`, `hf:<name>`
+PROMPT_CAP: Final = "llmspans.prompt.cap"
+PROMPT_OVER_CAP: Final = "llmspans.prompt.over_cap"  # also on a capped call's metrics
+PROMPT_ESTIMATE_RATIO: Final = "llmspans.prompt.estimate_ratio"
+ESTIMATOR_CHARS: Final = "chars/4"
+ERROR_PROMPT_TOO_LARGE: Final = "PromptTooLarge"  # error.type of a call a cap refused to send
+# A cache lookup: a stage span (`llmspans.stage` = `cache`) with the cache's name, hit or miss, and on a
+# hit the LLM time it saved as estimated from this process's own calls.
+STAGE_CACHE: Final = "cache"
+CACHE_NAME: Final = "llmspans.cache.name"
+CACHE_HIT: Final = "llmspans.cache.hit"
+CACHE_MODEL: Final = "llmspans.cache.model"
+CACHE_SAVED_ESTIMATE: Final = "llmspans.cache.saved_estimate"
+
 TURN_STAGE_PREFIX: Final = "llmspans.turn.stage."
 TURN_DOMINANT_STAGE: Final = "llmspans.turn.dominant_stage"
 
@@ -159,6 +185,9 @@ METRIC_CONNECT_NEW: Final = "llmspans.connect.new"
 METRIC_LIMITER_IN_FLIGHT: Final = "llmspans.limiter.in_flight"
 METRIC_LIMITER_QUEUE_DEPTH: Final = "llmspans.limiter.queue_depth"
 METRIC_LIMITER_CAP: Final = "llmspans.limiter.cap"
+METRIC_PROMPT_ESTIMATE_RATIO: Final = PROMPT_ESTIMATE_RATIO
+METRIC_CACHE_LOOKUPS: Final = "llmspans.cache.lookups"
+METRIC_CACHE_SAVED_ESTIMATE: Final = CACHE_SAVED_ESTIMATE
 
 # The SDK's attribute set for points beyond an instrument's cardinality limit (llmspans' own aggregation too).
 METRIC_OVERFLOW: Final = "otel.metric.overflow"
@@ -191,6 +220,8 @@ SPEED_BOUNDARIES: Final = (
     5000.0,
     10000.0,
 )
+# The prompt estimate over the server's count: 1 is exact, below 1 the estimate was low.
+RATIO_BOUNDARIES: Final = (0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0)
 CHUNK_BOUNDARIES: Final = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
 # --- OpenInference (Arize Phoenix), opt-in: configure(openinference=True) or LLMSPANS_OPENINFERENCE ------
@@ -218,8 +249,10 @@ PROVIDER_VLLM: Final = "vllm"
 GEN_AI_REQUEST_TOP_K: Final = "gen_ai.request.top_k"
 
 # Server state sampled from vLLM's /metrics (llmspans.vllm.ServerMetrics), stamped on call spans
-# at admission and exported as gauges of the same names; each only when the server exposes its source.
+# as they end and exported as gauges of the same names; each only when the server exposes its source.
 VLLM_NUM_REQUESTS_WAITING: Final = "vllm.num_requests_waiting"
+# The most requests waiting in any read taken between a call's sending and its first token (call spans only).
+VLLM_NUM_REQUESTS_WAITING_MAX: Final = "vllm.num_requests_waiting_max"
 VLLM_NUM_REQUESTS_RUNNING: Final = "vllm.num_requests_running"
 VLLM_KV_CACHE_USAGE: Final = "vllm.kv_cache_usage"
 VLLM_PREEMPTION_RATE: Final = "vllm.preemption_rate"  # per second, over the last sampling interval
@@ -239,22 +272,23 @@ METRIC_VLLM_ADMISSION_REJECTION_RATE: Final = VLLM_ADMISSION_REJECTION_RATE
 
 # vLLM's own Prometheus names, as its /metrics serves them, with the releases that serve them
 # (labels `model_name`, and `engine` on the newer engine; "the older engine" is 0.8.5-0.10.x started
-# with --otlp-traces-endpoint). Counters are named without the `_total` their samples carry.
+# with --otlp-traces-endpoint; "0.32" is the release a real server in the test run shows them on, releases
+# between 0.13 and 0.32 were not checked). Counters are named without the `_total` their samples carry.
 PROMETHEUS_VLLM_NUM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"  # every release
 PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"  # every release
 PROMETHEUS_VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"  # 0.9.2 and later (newer engine)
 # Up to 0.10.x and on the older engine; hidden behind --show-hidden-metrics-for-version in 0.11; gone in 0.12.
 PROMETHEUS_VLLM_GPU_CACHE_USAGE: Final = "vllm:gpu_cache_usage_perc"
 PROMETHEUS_VLLM_NUM_PREEMPTIONS: Final = "vllm:num_preemptions"  # counter, 0.9.2 and later, older engine
-PROMETHEUS_VLLM_REQUEST_NUM_PREEMPTIONS: Final = "vllm:request_num_preemptions"  # per finished request, 0.33
+PROMETHEUS_VLLM_REQUEST_NUM_PREEMPTIONS: Final = "vllm:request_num_preemptions"  # per finished request, 0.32
 PROMETHEUS_VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries"  # counter (tokens), 0.9.2 and later
 PROMETHEUS_VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits"  # counter (tokens), 0.9.2 and later
 PROMETHEUS_VLLM_GPU_PREFIX_CACHE_QUERIES: Final = "vllm:gpu_prefix_cache_queries"  # their names before 0.9.2
 PROMETHEUS_VLLM_GPU_PREFIX_CACHE_HITS: Final = "vllm:gpu_prefix_cache_hits"
 PROMETHEUS_VLLM_PROMPT_TOKENS: Final = "vllm:prompt_tokens"  # counter, every release
-PROMETHEUS_VLLM_PROMPT_TOKENS_CACHED: Final = "vllm:prompt_tokens_cached"  # counter, 0.33
-PROMETHEUS_VLLM_NUM_REQUESTS_WAITING_BY_REASON: Final = "vllm:num_requests_waiting_by_reason"  # 0.33
-PROMETHEUS_VLLM_ADMISSION_REJECTIONS: Final = "vllm:admission_rejections"  # counter, 0.33
+PROMETHEUS_VLLM_PROMPT_TOKENS_CACHED: Final = "vllm:prompt_tokens_cached"  # counter, 0.32
+PROMETHEUS_VLLM_NUM_REQUESTS_WAITING_BY_REASON: Final = "vllm:num_requests_waiting_by_reason"  # 0.32
+PROMETHEUS_VLLM_ADMISSION_REJECTIONS: Final = "vllm:admission_rejections"  # counter, 0.32 (no `engine` label)
 PROMETHEUS_VLLM_REASON_CAPACITY: Final = "capacity"  # the `reason` label's values
 PROMETHEUS_VLLM_REASON_DEFERRED: Final = "deferred"
 

@@ -3,7 +3,7 @@
 One module for both client families: the openai SDK's adapter reads the SDK's objects, the
 plain-HTTP adapter reads decoded JSON, and both go through the readers here (`fields` makes an
 SDK model and a decoded object look alike). It knows the operations and their paths, the
-request's GenAI attributes and messages, usage under both namings, finish reasons, and what one
+request's GenAI attributes, usage under both namings, finish reasons, and what one
 streamed event or one whole body carries (`classify`, `read_payload`). Nothing here raises on odd
 input: servers differ, and telemetry must not break the call it watches.
 
@@ -26,14 +26,14 @@ __all__ = [
     "ChunkInfo",
     "classify",
     "classify_json_body",
+    "classify_payload",
     "fields",
-    "input_messages",
+    "load",
     "operation_for",
     "read_outcome",
     "read_payload",
     "request_attributes",
     "response_attributes",
-    "system_instructions",
     "usage_attributes",
 ]
 
@@ -141,50 +141,6 @@ def _output_type(body: Mapping[str, Any]) -> str | None:
     return _OUTPUT_TYPES.get(kind) if isinstance(kind, str) else None
 
 
-def _text_parts(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "content": content}]
-    if isinstance(content, list):
-        return [
-            {"type": "text", "content": part.get("text", "")}
-            for part in content
-            if isinstance(part, Mapping) and part.get("type") in ("text", "input_text", "output_text")
-        ]
-    return []
-
-
-def input_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """The request's messages in the GenAI convention's shape (role + parts)."""
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        return [
-            {"role": str(m.get("role", "user")), "parts": _text_parts(m.get("content"))}
-            for m in messages
-            if isinstance(m, Mapping)
-        ]
-    for key in ("prompt", "input"):
-        value = body.get(key)
-        if isinstance(value, str):
-            return [{"role": "user", "parts": _text_parts(value)}]
-        if isinstance(value, list):
-            # A list of texts (embeddings, legacy completions: one message each), or the Responses
-            # API's input items; token-id lists are not text and are left out.
-            return [
-                {"role": "user", "parts": _text_parts(m)}
-                if isinstance(m, str)
-                else {"role": str(m.get("role", "user")), "parts": _text_parts(m.get("content"))}
-                for m in value
-                if isinstance(m, (str, Mapping))
-            ]
-    return None
-
-
-def system_instructions(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """The Responses API's `instructions`, as the conventions' system instructions (a list of parts)."""
-    instructions = body.get("instructions")
-    return _text_parts(instructions) if isinstance(instructions, str) and instructions else None
-
-
 # --- responses ----------------------------------------------------------------------------------
 
 _NOTHING: Mapping[str, Any] = {}
@@ -223,22 +179,21 @@ class ChunkInfo:
     input_tokens: int | None = None
     output_tokens: int | None = None
     cached_tokens: int | None = None
-    content_text: str | None = None
-    """The answer or refusal text it carries, for optional content capture; None when it carries
-    none (tool-call arguments and reasoning set `content` but are not answer text)."""
     error: bool = False
     """The payload is an error object, a Responses `error` event, or a failed response."""
     attributes: dict[str, Any] | None = None
     """Other response attributes it carries (`response_attributes`, `usage_attributes`)."""
 
 
-# Responses API events whose `delta` is generated output; the value says whether it is answer text.
-RESPONSES_DELTAS = {
-    "response.output_text.delta": True,
-    "response.refusal.delta": True,
-    "response.function_call_arguments.delta": False,
-    "response.reasoning_text.delta": False,
-}
+# Responses API events whose `delta` is generated output (answer text, a refusal, arguments, reasoning).
+RESPONSES_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_text.delta",
+    }
+)
 _RESPONSES_FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # A Responses status as a finish reason, where no `incomplete_details.reason` says more.
 RESPONSES_FINISH = {"completed": "stop", "incomplete": "length", "failed": "error"}
@@ -251,9 +206,12 @@ def classify(event_name: str | None, data: str) -> ChunkInfo | None:
     """
     if data.strip() == "[DONE]":
         return ChunkInfo(done=True)
-    obj = _load(data)
-    if obj is None:
-        return None
+    obj = load(data)
+    return None if obj is None else classify_payload(event_name, obj)
+
+
+def classify_payload(event_name: str | None, obj: Mapping[str, Any]) -> ChunkInfo:
+    """`classify` for an event's data already decoded (a reader that also keeps the content)."""
     kind = obj.get("type")
     if not isinstance(kind, str):
         kind = event_name
@@ -264,7 +222,7 @@ def classify(event_name: str | None, data: str) -> ChunkInfo | None:
 
 def classify_json_body(body: bytes) -> ChunkInfo | None:
     """Describe a non-streamed JSON response; None when the body is not a JSON object."""
-    obj = _load(body)
+    obj = load(body)
     return None if obj is None else read_payload(obj)
 
 
@@ -272,7 +230,7 @@ def read_payload(payload: Any) -> ChunkInfo:
     """A whole non-streamed response, decoded or an SDK object: chat.completion, text_completion,
     an embeddings list or a Responses `response` object.
 
-    `content` says whether it holds generated output and `content_text` is its answer text.
+    `content` says whether it holds generated output.
     """
     top = fields(payload)
     if top.get("object") == "response" or top.get("output") is not None:
@@ -306,7 +264,8 @@ def read_outcome(payload: Any) -> ChunkInfo:
     return info
 
 
-def _load(data: str | bytes) -> dict[str, Any] | None:
+def load(data: str | bytes) -> dict[str, Any] | None:
+    """A JSON object from an event's data or a body; None for anything else."""
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError):  # ValueError covers bad JSON and bad UTF-8 in bytes
@@ -334,7 +293,6 @@ def _completion(obj: Mapping[str, Any]) -> ChunkInfo:
     info.attributes = response_attributes(obj)
     choices = obj.get("choices")
     if isinstance(choices, list):
-        texts: list[str] = []
         for raw_choice in choices:
             choice = fields(raw_choice)
             if not choice:
@@ -344,42 +302,32 @@ def _completion(obj: Mapping[str, Any]) -> ChunkInfo:
                 info.finish_reasons.append(reason)
                 index = choice.get("index")
                 info.finish_indexes.append(index if type(index) is int else len(info.finish_indexes))
-            text = _text(choice.get("text"))
-            if text is not None:
-                texts.append(text)
+            if _text(choice.get("text")) is not None:
+                info.content = True
             message = choice.get("delta")
             if message is None:
                 message = choice.get("message")
             message = fields(message)
             if not message:
                 continue
-            for key in ("content", "refusal"):
-                text = _text(message.get(key))
-                if text is not None:
-                    texts.append(text)
             tool_calls = message.get("tool_calls")
             if (
-                (isinstance(tool_calls, list) and tool_calls)
+                _text(message.get("content"))
+                or _text(message.get("refusal"))
+                or (isinstance(tool_calls, list) and tool_calls)
                 or _text(message.get("reasoning_content"))
                 or _text(message.get("reasoning"))
             ):
                 info.content = True
-        if texts:
-            info.content = True
-            info.content_text = "".join(texts)
     _read_usage(obj.get("usage"), info)
     return info
 
 
 def _responses_event(kind: str, obj: Mapping[str, Any]) -> ChunkInfo:
     info = ChunkInfo()
-    answer = RESPONSES_DELTAS.get(kind)
-    if answer is not None:
-        delta = _text(obj.get("delta"))
-        if delta is not None:
+    if kind in RESPONSES_DELTAS:
+        if _text(obj.get("delta")) is not None:
             info.content = True
-            if answer:
-                info.content_text = delta
         return info
     if kind == "error":
         info.error = True
@@ -433,23 +381,19 @@ def _finish_response(status: str, incomplete_details: Any, info: ChunkInfo) -> N
 def _read_response_output(output: Any, info: ChunkInfo) -> None:
     if not isinstance(output, list):
         return
-    texts: list[str] = []
     for raw_item in output:
         item = fields(raw_item)
         if not item:
             continue
         if item.get("type") != "message":
             info.content = True  # function calls, reasoning and other generated items
-            continue
+            return
         parts = item.get("content")
         for raw_part in parts if isinstance(parts, list) else ():
             part = fields(raw_part)
-            text = _text(part.get("text")) or _text(part.get("refusal"))
-            if text is not None:
-                texts.append(text)
-    if texts:
-        info.content = True
-        info.content_text = "".join(texts)
+            if _text(part.get("text")) or _text(part.get("refusal")):
+                info.content = True
+                return
 
 
 def read_usage(usage: Any) -> tuple[int | None, int | None, int | None]:

@@ -1,8 +1,8 @@
 """What `instrument()` was asked for, shared by every call of one client, whatever its family.
 
 The settings turn one request into a call record: the provider, budget, limiter, content capture,
-vLLM sampler and attempt-span choice of the client, with the request's own model, stream flag and
-sampling parameters (read by the wire format).
+vLLM sampler, attempt-span choice and prompt cap of the client, with the request's own model, stream
+flag and sampling parameters (read by the wire format).
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llmspans import _content, _openai_wire, _telemetry
+from llmspans import _cache, _content, _openai_wire, _telemetry
 from llmspans._call import CallRecord
 from llmspans._limiter import Limiter
+from llmspans._prompt import PromptCap
 
 if TYPE_CHECKING:
     from llmspans.vllm import ServerMetrics
@@ -53,6 +54,7 @@ class Settings:
     owns_server_metrics: bool = False
     attempt_spans: str | None = None  # None: configure()'s, else "retries"
     phase_spans: str | None = None  # None: configure()'s (`_phases`)
+    prompt_cap: PromptCap | None = None
 
     def close(self) -> None:
         """Stop what instrument() started for this client (a sampler it made)."""
@@ -83,9 +85,14 @@ class Settings:
             record.span.set_attributes(_openai_wire.request_attributes(body))
         if self.phase_spans is not None:
             record.phase_spans = self.phase_spans
+        cap = self.prompt_cap
+        if cap is not None:
+            cap.apply(record, body)  # raises PromptTooLarge (the call ended) for a prompt it refuses
+        elif _cache.durations is not None:
+            record.lever = _cache.durations  # a cache's hits are measured against calls like this one
         sampler = self.server_metrics
         if sampler is not None:
-            record.server_state = sampler.span_attributes
-            if self.limiter is None:  # admitted at once: the state now is the state at admission
-                record.stamp_server_state()
+            record.server_state = sampler
+            if self.limiter is None:  # admitted at once: it goes to the server now
+                record.watch_server()
         return record

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
+CACHE_HIT: Final = "cache.hit"
 CALL_ADMITTED: Final = "call.admitted"
 CALL_CHUNK_METRIC: Final = "call.chunk_metric"
 CALL_EXIT: Final = "call.exit"
@@ -17,6 +18,7 @@ CALL_RELEASE: Final = "call.release"
 CALL_SERVER_STATE: Final = "call.server_state"
 CALL_SPAN_END: Final = "call.span_end"
 CLASS_INSTRUMENT: Final = "class.instrument"
+CONTENT_CHUNK: Final = "content.chunk"  # keeping a streamed chunk's content (capture on)
 DEFERRED_WORK: Final = "deferred.work"
 HTTPX_BEGIN: Final = "httpx.begin"
 HTTPX_CONTENT: Final = "httpx.content"
@@ -26,6 +28,9 @@ OPENAI_CONTENT: Final = "openai.content"
 OPENAI_COPY: Final = "openai.copy"
 OPENAI_RAW: Final = "openai.raw"
 OPENAI_RESULT: Final = "openai.result"
+PROMPT_COMPARE: Final = "prompt.compare"
+PROMPT_ESTIMATE: Final = "prompt.estimate"
+PROMPT_TOKENIZER: Final = "prompt.tokenizer"
 STAGE_FINISH: Final = "stage.finish"
 STAGE_SPAN_END: Final = "stage.span_end"
 STREAM_CHUNK: Final = "stream.chunk"
@@ -49,6 +54,7 @@ TURN_SPAN_END: Final = "turn.span_end"
 
 ALL: Final = frozenset(
     {
+        CACHE_HIT,
         CALL_ADMITTED,
         CALL_CHUNK_METRIC,
         CALL_EXIT,
@@ -57,6 +63,7 @@ ALL: Final = frozenset(
         CALL_SERVER_STATE,
         CALL_SPAN_END,
         CLASS_INSTRUMENT,
+        CONTENT_CHUNK,
         DEFERRED_WORK,
         HTTPX_BEGIN,
         HTTPX_CONTENT,
@@ -66,6 +73,9 @@ ALL: Final = frozenset(
         OPENAI_COPY,
         OPENAI_RAW,
         OPENAI_RESULT,
+        PROMPT_COMPARE,
+        PROMPT_ESTIMATE,
+        PROMPT_TOKENIZER,
         STAGE_FINISH,
         STAGE_SPAN_END,
         STREAM_CHUNK,

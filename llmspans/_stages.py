@@ -209,7 +209,9 @@ def stage_span_name(stage: str, qualname: str) -> str:
 
 
 class _StageSpec:
-    """What a decorator was asked for; builds one `_Scope` per call."""
+    """What a decorator was asked for; builds one `_Scope` (or `scope_class`) per call."""
+
+    scope_class: type[_Scope] = _Scope
 
     def __init__(
         self,
@@ -229,10 +231,8 @@ class _StageSpec:
         self.tool_name = tool_name
         self.data_source = data_source
 
-    def wrap(self, func: F) -> F:
-        if not callable(func):
-            raise TypeError(f"@{self.stage} decorates a function or method, got {func!r}")
-        qualname = getattr(func, "__qualname__", getattr(func, "__name__", repr(func)))
+    def naming(self, func: Callable[..., Any], qualname: str) -> tuple[str, dict[str, AttributeValue]]:
+        """The span name and opening attributes of the stage's spans, fixed at decoration time."""
         attributes: dict[str, AttributeValue] = {names.STAGE: self.stage, names.CODE_FUNCTION: qualname}
         if self.operation == names.OPERATION_EXECUTE_TOOL:
             tool = self.tool_name or getattr(func, "__name__", qualname)
@@ -250,6 +250,13 @@ class _StageSpec:
                 attributes[names.GEN_AI_OPERATION_NAME] = self.operation
         if self.data_source:
             attributes[names.GEN_AI_DATA_SOURCE_ID] = self.data_source
+        return span_name, attributes
+
+    def wrap(self, func: F) -> F:
+        if not callable(func):
+            raise TypeError(f"@{self.stage} decorates a function or method, got {func!r}")
+        qualname = getattr(func, "__qualname__", getattr(func, "__name__", repr(func)))
+        span_name, attributes = self.naming(func, qualname)
         if self.on_exceed == "cancel" and not inspect.iscoroutinefunction(func):
             raise ValueError(
                 f"on_exceed='cancel' needs an async function (work can only be stopped at an await); "
@@ -259,7 +266,7 @@ class _StageSpec:
         kind = _openinference.stage_kind(self.stage, self.operation)
         openinference_attributes = {**attributes, names.OPENINFERENCE_SPAN_KIND: kind} if kind else attributes
         scope = functools.partial(
-            _Scope,
+            self.scope_class,
             self.stage,
             span_name,
             MappingProxyType(attributes),

@@ -34,7 +34,7 @@ from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import seconds
 from llmspans._call import Attempt, CallRecord, OpenSet
-from llmspans._guard import check_fault, report, swallow
+from llmspans._guard import Deliberate, check_fault, report, swallow
 from llmspans._limiter import Limiter
 from llmspans._names import PROVIDER_VLLM
 
@@ -513,6 +513,8 @@ class _Transport:
                 opened = plain.begin(request)
                 return None if opened is None else (opened[0], opened[1], True)
             return None if record.finished else (record, record.body_observer, False)
+        except Deliberate:  # a prompt cap refusing the call: the app's to see
+            raise
         except Exception as failure:
             report(sites.TRANSPORT_BEGIN, failure)
             return None

@@ -24,12 +24,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmspans import (
     _budget,
+    _cache,
     _content,
     _deferred,
     _guard,
     _instrument,
     _openinference,
     _phases,
+    _prompt,
     _settings,
     _telemetry,
 )
@@ -41,7 +43,8 @@ def reset() -> None:
     """Forget the process-wide choices and memories a test may have left behind, so the next starts
     clean: the budgets (configured and from `LLMSPANS_BUDGETS`, read again), the content-capture,
     attempt-span, phase-span and OpenInference choices of `configure()` (from the environment again),
-    class-level instrumentation, and which internal errors were already logged once.
+    class-level instrumentation, which internal errors were already logged once, the caches' window of
+    call durations, and the tokenizers prompt caps loaded.
 
     Providers and exporters that `configure()` set up stay (OpenTelemetry allows them once per
     process); `capture()` gives each test its own.
@@ -53,6 +56,8 @@ def reset() -> None:
     _openinference.reset()
     _instrument.uninstrument_all()
     _guard.forget_reported()
+    _cache.stop_watching()
+    _prompt.forget()
 
 
 def settle(timeout: float = 10.0) -> bool:
@@ -82,7 +87,10 @@ class MetricPoint:
 class Captured:
     """The spans finished and metric points recorded inside a `capture()` block."""
 
-    def __init__(self, exporter: InMemorySpanExporter, reader: InMemoryMetricReader) -> None:
+    def __init__(
+        self, exporter: InMemorySpanExporter, reader: InMemoryMetricReader, tracer_provider: TracerProvider
+    ) -> None:
+        self.tracer_provider = tracer_provider  # to add a span processor of one's own for the block
         self._exporter = exporter
         self._reader = reader
         self._retired: list[MeterProvider] = []
@@ -155,7 +163,7 @@ def capture() -> Iterator[Captured]:
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
-    captured = Captured(exporter, reader)
+    captured = Captured(exporter, reader, tracer_provider)
     try:
         with _telemetry.use_providers(tracer_provider, meter_provider):
             yield captured

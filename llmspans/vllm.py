@@ -18,15 +18,24 @@ lists the releases):
 - the KV-cache usage: `vllm:kv_cache_usage_perc` (0.9.2 and later), else `vllm:gpu_cache_usage_perc`
   (up to 0.10.x, and the only one on the older engine that `--otlp-traces-endpoint` forces before 0.11);
 - the preemption rate: the counter `vllm:num_preemptions` (0.9.2 and later, and the older engine),
-  else the preemptions that 0.33's `vllm:request_num_preemptions` counted for finished requests;
+  else the preemptions that 0.32's `vllm:request_num_preemptions` counted for finished requests;
 - the prefix-cache hit ratio: `vllm:prefix_cache_hits` over `vllm:prefix_cache_queries` (0.9.2 and
-  later; `vllm:gpu_prefix_cache_*` before), else 0.33's `vllm:prompt_tokens_cached` over
+  later; `vllm:gpu_prefix_cache_*` before), else 0.32's `vllm:prompt_tokens_cached` over
   `vllm:prompt_tokens`;
 - `vllm:num_requests_waiting_by_reason{reason=capacity|deferred}` and the admission-rejection rate
-  from `vllm:admission_rejections` (0.33).
+  from `vllm:admission_rejections` (0.32).
 
 Rates and the ratio are over the time between the last two successful reads. The text is parsed
-with `prometheus_client`'s parser (the `vllm` extra: `pip install 'llmspans[vllm]'`).
+with `prometheus_client`'s parser (the `vllm` extra: `pip install 'llmspans[vllm]'`), after the
+lines of every other family are dropped (a 0.32 page is 50 KB; what is read is about 50 lines).
+
+**On the call spans.** A call is stamped when it ends, with the freshest sample and the most
+requests the server had waiting in any read taken between the moment the call was sent and its
+first token (`vllm.num_requests_waiting_max`; for a call that did not stream, its whole answer).
+A sample read once a second would miss a burst that queues for half a second, so a call still
+waiting for its first token `late_after` seconds after it was sent makes the thread read at once
+(at most one such read every `late_after`, however many calls wait): every call that waits
+longer than that has a read taken while it waited. docs/telemetry.md says why this choice.
 
 **Several series.** The series carry a `model_name` label (and `engine` on the newer engine). The
 request counts and counters are **summed** over every series, so they are the whole server's backlog,
@@ -39,13 +48,15 @@ phase of the request and a cap on the body size, so its work is bounded; nothing
 application's request path; it connects directly (no proxy from the environment), and its
 requests are neither traced by OpenTelemetry's HTTP instrumentations nor logged by httpx at
 INFO. `span_attributes()` only reads the latest sample: no I/O, no lock,
-a handful of dictionary operations, safe from any thread. When the endpoint is down or serves
+a handful of dictionary operations, safe from any thread (`watch()` appends to a deque,
+`attributes_during()` also looks over the last reads' times). When the endpoint is down or serves
 something else, the sampler logs one warning per outage on the `llmspans.vllm` logger and keeps
 trying; `span_attributes()` then returns the last good sample with its growing age (or `{}` if
 there never was one), while the gauges stop reporting until a sample succeeds again. The
 thread stops on `close()`, at the end of a `with` block, within a quarter of a second of the
-object being garbage collected, and at interpreter exit. The thread imports nothing and the
-finalizer takes no lock (see `_Sampler` for why).
+object being garbage collected, and at interpreter exit. At exit its last sample stays for the
+gauges: the metric exporters' final export, which may run after the thread stopped, still
+reports it. The thread imports nothing and the finalizer takes no lock (see `_Sampler` for why).
 
 **Gauges.** While sampling, the values are also exported as OpenTelemetry gauges of the same
 names as the span attributes (`vllm.num_requests_waiting`, `vllm.kv_cache_usage`,
@@ -61,6 +72,7 @@ before the first call, which `instrument()` will not make on its own: pass
 from __future__ import annotations
 
 import atexit
+import collections
 import encodings.idna  # noqa: F401  (the socket module encodes host names with it; see _Sampler)
 import logging
 import math
@@ -71,7 +83,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 from opentelemetry import context
@@ -100,6 +112,27 @@ def looks_like_vllm(models_payload: Mapping[str, Any]) -> bool:
     if not isinstance(data, list):
         return False
     return any(isinstance(model, Mapping) and model.get("owned_by") == "vllm" for model in data)
+
+
+class _Call(Protocol):
+    """What the thread looks at on a call it watches (`llmspans._call.CallRecord`): whether it is over,
+    and whether its first token came."""
+
+    finished: bool
+    first_chunk_ns: int
+
+
+class _Read(NamedTuple):
+    """When one successful read was sent and answered (`perf_counter_ns`, the call records' clock), and
+    how many requests were waiting then."""
+
+    sent_ns: int
+    answered_ns: int
+    waiting: int
+
+
+_KEPT_READS = 256  # the reads a call ending now can look back on (four minutes at the default interval)
+_WATCHED_MAX = 4096  # calls watched at once; past this the oldest are forgotten (they get no extra read)
 
 
 @dataclass(frozen=True)
@@ -164,20 +197,30 @@ class _Sampler:
         interval: float,
         timeout: float,
         families: Callable[[str], Iterable[Any]],
+        late_after: float | None = None,
     ) -> None:
         self.metrics_url = metrics_url
         self.interval = interval
         self.timeout = timeout
+        self.late_after_ns = None if late_after is None else round(late_after * 1e9)
         self.families = families  # prometheus_client's parser, imported by the caller
         self.gauge_attributes: dict[str, AttributeValue] = {
             names.SERVER_ADDRESS: address,
             names.SERVER_PORT: port,
         }
         self.snapshot: ServerSnapshot | None = None  # replaced whole, so readers need no lock
+        self.reads: tuple[_Read, ...] = ()  # the last reads, oldest first; replaced whole likewise
         self.healthy = False  # whether the latest attempt succeeded
         self.abandoned = False  # set by the finalizer, and by nothing else
+        self.exported = True  # whether the gauges report this sampler's samples
         self.sampled = threading.Condition()
         self.stopping = threading.Event()
+        self.wake = threading.Event()  # a call to watch, or the end: look again before the pause is over
+        # (when the call's read is due, when it was sent, the call), in the order they were sent;
+        # appended by the app's threads, looked at and taken from the left by the thread only.
+        self.watched: collections.deque[tuple[int, int, _Call]] = collections.deque(maxlen=_WATCHED_MAX)
+        self.last_sent_ns = 0  # when the latest read was sent (thread only)
+        self.last_read_sent_ns = 0  # ... and the latest that succeeded
         self.thread: threading.Thread | None = None
         self._in_outage = False
         self._timeouts = httpx.Timeout(timeout).as_dict()
@@ -197,13 +240,19 @@ class _Sampler:
         )
         try:
             with transport:
+                regular = time.monotonic()
                 while self.running:
                     started = time.monotonic()
-                    self.sample_once(transport)
-                    self._pause_until(started + self.interval)
+                    if started >= regular or self._late_call_due() == 0:
+                        if started >= regular:
+                            regular = started + self.interval
+                        self.sample_once(transport)
+                    self._pause_until(regular)
         finally:
-            with _live_lock:
-                _live.discard(self)
+            self.watched.clear()
+            if self.abandoned or not self.exported:  # at exit the last sample stays for the final export
+                with _live_lock:
+                    _live.discard(self)
             with self.sampled:
                 self.sampled.notify_all()
 
@@ -212,23 +261,49 @@ class _Sampler:
         return not (self.stopping.is_set() or self.abandoned)
 
     def _pause_until(self, until: float) -> None:
-        """Wait until `until` (monotonic), waking at least every `_ABANDON_POLL` s to look at the flag."""
+        """Wait until `until` (monotonic) or until a watched call's read is due, waking at least every
+        `_ABANDON_POLL` s to look at the flag, and at once when a call is watched or the sampler stops."""
         while self.running:
             remaining = until - time.monotonic()
+            late = self._late_call_due()
+            if late is not None:
+                remaining = min(remaining, late / 1e9)
             if remaining <= 0:
                 return
-            self.stopping.wait(min(remaining, _ABANDON_POLL))
+            if self.wake.wait(min(remaining, _ABANDON_POLL)):
+                self.wake.clear()
+
+    def _late_call_due(self) -> int | None:
+        """Nanoseconds until a read is due for a watched call still waiting for its first token (0: now),
+        None when no call needs one. A call needs one successful read sent at least `late_after` after
+        it was sent; one read serves every call waiting then, reads are at least `late_after` apart, and
+        none is made while the latest read failed (the regular reads go on)."""
+        watched, late_after = self.watched, self.late_after_ns
+        if late_after is None or not self.healthy:  # no extra reads of an endpoint that is failing
+            return None
+        last_sent = self.last_sent_ns
+        while watched:
+            due, _sent, call = watched[0]
+            if call.finished or call.first_chunk_ns or self.last_read_sent_ns >= due:
+                watched.popleft()  # answered, or a read was taken while it waited
+                continue
+            return max(0, max(due, last_sent + late_after) - time.perf_counter_ns())
+        return None
 
     def sample_once(self, transport: httpx.HTTPTransport) -> None:
+        self.last_sent_ns = sent = time.perf_counter_ns()
         try:
             text = self._fetch(transport)
-            reading = _Reading.parse(self.families(text), time.monotonic())
+            answered = time.perf_counter_ns()
+            reading = _Reading.parse(self.families(_wanted_lines(text)), time.monotonic())
             snapshot = reading.snapshot(self._previous)
         except Exception as error:  # whatever went wrong, the thread carries on
             self._failed(error)
             return
         self._previous = reading
         self.snapshot = snapshot
+        self.reads = (*self.reads[1 - _KEPT_READS :], _Read(sent, answered, reading.waiting))
+        self.last_read_sent_ns = sent
         self.healthy = True
         if self._in_outage:
             self._in_outage = False
@@ -286,14 +361,19 @@ class _Sampler:
             _live.add(self)
         thread.start()
 
-    def stop(self) -> None:
-        """Stop the thread and wait for it: at most one request's timeouts plus a little.
+    def stop(self, keep_exporting: bool = False) -> None:
+        """Stop the thread and wait for it: at most one request's timeouts plus a little. With
+        `keep_exporting` (at interpreter exit) the gauges keep reporting the last sample, for the
+        final export that may come after.
 
         Never from a finalizer (it takes `_live_lock` and joins): that is `abandon()`.
         """
+        self.exported = keep_exporting
         self.stopping.set()
-        with _live_lock:
-            _live.discard(self)
+        self.wake.set()
+        if not keep_exporting:
+            with _live_lock:
+                _live.discard(self)
         with self.sampled:
             self.sampled.notify_all()
         thread = self.thread
@@ -392,7 +472,7 @@ class _Reading:
             totals, names.PROMETHEUS_VLLM_PREFIX_CACHE_HITS, names.PROMETHEUS_VLLM_GPU_PREFIX_CACHE_HITS
         )
         lookups = None if queries is None or hits is None else (queries, hits)
-        if lookups is None:  # 0.33 also counts the prompt tokens served from the cache
+        if lookups is None:  # 0.32 also counts the prompt tokens served from the cache
             prompt = totals.get(names.PROMETHEUS_VLLM_PROMPT_TOKENS)
             cached = totals.get(names.PROMETHEUS_VLLM_PROMPT_TOKENS_CACHED)
             lookups = None if prompt is None or cached is None else (prompt, cached)
@@ -467,13 +547,17 @@ _live_lock = threading.Lock()
 
 @atexit.register
 def _stop_all() -> None:
-    """At interpreter exit, end every sampling thread before the interpreter tears down."""
+    """At interpreter exit, end every sampling thread before the interpreter tears down; the last
+    samples stay readable for the gauges. The meter provider's own exit hook makes the final export,
+    and whichever of the two runs first (atexit runs the last registered first, and this module is
+    often imported after `configure()`), that export still reports the server's gauges."""
     with _live_lock:
         samplers = list(_live)
     for sampler in samplers:
         sampler.stopping.set()
+        sampler.wake.set()
     for sampler in samplers:
-        sampler.stop()
+        sampler.stop(keep_exporting=True)
 
 
 def _fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]]:
@@ -484,9 +568,30 @@ def _fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]
     readings: list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]] = []
     for sampler in samplers:
         snapshot = sampler.snapshot
-        if snapshot is not None and sampler.healthy and not sampler.abandoned:
+        if snapshot is not None and sampler.healthy and not sampler.abandoned and sampler.exported:
             readings.append((snapshot, sampler.gauge_attributes))
     return readings
+
+
+_FAMILY_SUFFIXES = ("_total", "_created", "_sum", "_count", "_bucket")
+_READ_FAMILIES = frozenset((*_WANTED, names.PROMETHEUS_VLLM_NUM_REQUESTS_WAITING_BY_REASON))
+
+
+def _wanted_lines(text: str) -> str:
+    """The page without the lines of families the sampler does not read (histograms, per-source counters,
+    the process' own metrics): parsing what is left costs a tenth of parsing the whole page."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            words = line.split(" ", 3)  # "# TYPE name type", "# HELP name text"
+            name = words[2] if len(words) > 2 else ""
+        else:
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in _READ_FAMILIES or any(
+            name.endswith(suffix) and name[: -len(suffix)] in _READ_FAMILIES for suffix in _FAMILY_SUFFIXES
+        ):  # a sample, or a comment that names the family with its sample's suffix (older clients)
+            kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 def _metrics_url(base_url: str) -> tuple[str, str, int]:
@@ -521,21 +626,27 @@ class ServerMetrics:
     `base_url` is the server root or its OpenAI `/v1` URL (`http://host:8000/v1`). Sampling
     starts at once; the first sample arrives within `timeout` of construction when the server
     is up. `interval` is the time between the starts of two reads, `timeout` bounds each phase
-    of one read (connect, send, receive).
+    of one read (connect, send, receive). A call it watches (see `watch`) that still waits for
+    its first token `late_after` seconds after it was sent makes it read at once, at most one such
+    read every `late_after`; None reads only every `interval`.
     """
 
-    def __init__(self, base_url: str, *, interval: float = 1.0, timeout: float = 0.5) -> None:
+    def __init__(
+        self, base_url: str, *, interval: float = 1.0, timeout: float = 0.5, late_after: float | None = 0.1
+    ) -> None:
         if not isinstance(base_url, str):
             raise TypeError(f"base_url must be a str such as 'http://127.0.0.1:8000/v1', got {base_url!r}")
         metrics_url, address, port = _metrics_url(base_url)
         interval = _seconds(interval, "interval")
         timeout = _seconds(timeout, "timeout")
+        if late_after is not None:
+            late_after = _seconds(late_after, "late_after")
         try:
             from prometheus_client.parser import text_string_to_metric_families
         except ImportError as error:
             raise ImportError(_INSTALL_HINT) from error
         self._sampler = _Sampler(
-            metrics_url, address, port, interval, timeout, text_string_to_metric_families
+            metrics_url, address, port, interval, timeout, text_string_to_metric_families, late_after
         )
         self._closed = False
         self._sampler.start()
@@ -558,6 +669,11 @@ class ServerMetrics:
         return self._sampler.timeout
 
     @property
+    def late_after(self) -> float | None:
+        late_after = self._sampler.late_after_ns
+        return None if late_after is None else late_after / 1e9
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -577,6 +693,37 @@ class ServerMetrics:
             return {}
         attributes = dict(snapshot.attributes)
         attributes[names.VLLM_METRICS_AGE] = max(0.0, time.monotonic() - snapshot.monotonic)
+        return attributes
+
+    def watch(self, call: _Call) -> None:
+        """A call was just sent to the server: read the server while it waits if its first token is
+        late (see the class). For llmspans' call records; an append, and a wake-up when no other call
+        was waiting."""
+        sampler = self._sampler
+        late_after = sampler.late_after_ns
+        if late_after is None or self._closed:
+            return
+        sent = time.perf_counter_ns()
+        watched = sampler.watched
+        watched.append((sent + late_after, sent, call))
+        if len(watched) == 1:
+            sampler.wake.set()
+
+    def attributes_during(self, sent_ns: int, answered_ns: int) -> dict[str, AttributeValue]:
+        """A call's attributes once it is over: `span_attributes()` (the freshest sample) and, when a
+        read was sent and answered between `sent_ns` and `answered_ns` (`perf_counter_ns`: the call
+        was sent, its first token or whole answer came), the most requests waiting in those reads as
+        `vllm.num_requests_waiting_max`."""
+        attributes = self.span_attributes()
+        if attributes:
+            most = -1
+            for read in reversed(self._sampler.reads):  # newest first: the call's reads are the last few
+                if read.sent_ns < sent_ns:
+                    break
+                if read.answered_ns <= answered_ns and read.waiting > most:
+                    most = read.waiting
+            if most >= 0:
+                attributes[names.VLLM_NUM_REQUESTS_WAITING_MAX] = most
         return attributes
 
     def wait_for_sample(self, timeout: float) -> bool:

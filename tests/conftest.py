@@ -34,4 +34,4 @@ def _fresh_state() -> Iterator[None]:
 # Shared fixtures: a local OTLP/HTTP receiver, and the real servers (Arize Phoenix, transformers serve)
 # started on demand.
 from tests.support.otlp_http import otlp_http_receiver  # noqa: E402, F401
-from tests.support.realservers import phoenix, transformers_serve  # noqa: E402, F401
+from tests.support.realservers import phoenix, real_vllm, transformers_serve  # noqa: E402, F401

@@ -32,7 +32,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 import llmspans
 from llmspans import _exporters, _setup
-from tests.support.outage import run_outage_app
+from tests.support.outage import assert_no_slower, run_outage_app
 from tests.support.realservers import PhoenixServer
 
 APP = """
@@ -243,9 +243,9 @@ def test_an_unreachable_endpoint_costs_the_app_nothing(protocol: str, outage: st
     run = run_outage_app(endpoint, protocol, "outage", CALLS)
     result, exit_took, stderr = run.result, run.exit_took, run.stderr
 
-    # The calls: no slower than uninstrumented ones (medians, same process, a tolerance for the
+    # The calls: no slower than uninstrumented ones beside them in the same process (a tolerance for the
     # instrumentation itself), although the exporter thread was failing or hanging all along.
-    assert result["instrumented"] <= result["plain"] * 1.25 + 0.002, result
+    assert_no_slower(result)
     # Memory: 5,000 more spans while the queue is full; an unbounded queue grows about 15 MB here.
     assert result["rss_growth"] < 4_000_000, result
     assert result["dropped"] >= _exporters.SPAN_BATCH_SIZE, result  # counted, not silently lost

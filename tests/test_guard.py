@@ -22,7 +22,7 @@ import pytest
 from opentelemetry.sdk.trace import Span as SdkSpan
 
 import llmspans
-from llmspans import _call, _deferred, _guard, _transport
+from llmspans import _call, _deferred, _guard, _prompt, _transport
 from llmspans import _sites as sites
 from llmspans._adapters import openai_sdk
 from llmspans.testing import Captured, settle
@@ -181,6 +181,27 @@ def exit_hooks(url: str) -> Any:
     return first
 
 
+def capped_call(url: str) -> Any:
+    """A capped call whose server reports usage: estimated before, compared after."""
+    return openai_call(url, max_prompt_tokens=1000)
+
+
+def capped_call_loading(url: str) -> Any:
+    """A capped call whose model's tokenizer the default choice looks up in the background."""
+    _prompt.forget()
+    answer = openai_call(url, max_prompt_tokens=1000)
+    assert _prompt.loaded("m", timeout=30)
+    return answer
+
+
+def cache_lookup_call(url: str) -> Any:
+    @llmspans.cache("guarded", hit=lambda found: found == "x")
+    def look() -> str:
+        return "x"
+
+    return look()
+
+
 class Work:
     """What a job handed to the worker does (the fault makes it raise)."""
 
@@ -193,6 +214,10 @@ def deferred_job(url: str) -> Any:
     _deferred.start_worker()
     _deferred.defer(lambda: Work.run())
     return settle()
+
+
+def _tiktoken_model() -> Any:
+    return pytest.importorskip("tiktoken.model")
 
 
 def raising(*args: Any, **kwargs: Any) -> Any:
@@ -208,6 +233,7 @@ def patched(target: Any, attribute: str, value: Any) -> Iterator[None]:
 
 # site -> (the scenario that reaches it, how the fault is made: None = injected by name)
 SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
+    sites.CACHE_HIT: (cache_lookup_call, None),
     sites.CALL_ADMITTED: (limited_call, None),
     sites.CALL_CHUNK_METRIC: (openai_stream, lambda: patched(_call._telemetry, "recorder", raising)),
     sites.CALL_EXIT: (exit_hooks, lambda: patched(_call.CallRecord, "finish", raising)),
@@ -216,6 +242,7 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.CALL_SERVER_STATE: (server_state, None),
     sites.CALL_SPAN_END: (openai_call, lambda: patched(SdkSpan, "end", raising)),
     sites.CLASS_INSTRUMENT: (class_level_call, None),
+    sites.CONTENT_CHUNK: (lambda url: openai_stream(url, capture_content=True), None),
     sites.DEFERRED_WORK: (deferred_job, lambda: patched(Work, "run", raising)),
     sites.HTTPX_BEGIN: (plain_call, None),
     sites.HTTPX_CONTENT: (lambda url: plain_call(url, capture_content=True), None),
@@ -225,6 +252,12 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.OPENAI_COPY: (openai_copy, None),
     sites.OPENAI_RAW: (openai_raw, None),
     sites.OPENAI_RESULT: (openai_call, None),
+    sites.PROMPT_COMPARE: (capped_call, None),
+    sites.PROMPT_ESTIMATE: (capped_call, None),
+    sites.PROMPT_TOKENIZER: (
+        capped_call_loading,
+        lambda: patched(_tiktoken_model(), "encoding_name_for_model", raising),
+    ),
     sites.STAGE_FINISH: (stage_and_turn, None),
     sites.STAGE_SPAN_END: (stage_and_turn, lambda: patched(SdkSpan, "end", raising)),
     sites.STREAM_CHUNK: (openai_stream, lambda: patched(openai_sdk, "_chat_item", raising)),

@@ -152,7 +152,10 @@ def _kind(metric: Any) -> str:
 
 
 def _value(any_value: Any) -> str:
-    return str(getattr(any_value, any_value.WhichOneof("value") or "string_value"))
+    """An attribute's value as a Prometheus label's: a boolean is `true` or `false`."""
+    kind = any_value.WhichOneof("value") or "string_value"
+    value = getattr(any_value, kind)
+    return ("true" if value else "false") if kind == "bool_value" else str(value)
 
 
 @pytest.fixture(scope="module")
@@ -853,9 +856,12 @@ def test_the_check_catches_a_wrong_name_label_or_value(sdk: Emitted) -> None:
         parse_promql('llmspans_bucket_duration_seconds_count{llmspans_bucket="decode"}', "wrong value"),
         parse_promql("llmspans_retry_attempts[5m]", "counter without _total"),
         parse_promql("gen_ai_client_token_usage_tokens_bucket", "curly unit made a suffix"),
+        parse_promql(
+            'llmspans_cache_lookups_total{llmspans_cache_hit="True"}', "a boolean as Python spells it"
+        ),
     ]
     problems = check_queries(bad, known, {})
-    assert len(problems) == 5, problems
+    assert len(problems) == 6, problems
 
 
 def test_limiter_panels_match_the_sdk(sdk: Emitted) -> None:
@@ -922,6 +928,14 @@ def test_the_dashboard_shows_what_the_issue_asks_for(sdk: Emitted) -> None:
     assert "by (llmspans_stage) (increase(llmspans_budget_exceeded_total" in queries
     for name in (names.METRIC_LIMITER_IN_FLIGHT, names.METRIC_LIMITER_QUEUE_DEPTH, names.METRIC_LIMITER_CAP):
         assert f"by (llmspans_limiter_name) ({prometheus_name(name, '{request}', 'gauge')}{{" in queries
+    # the levers (issue 26): each cache's hit rate and time saved, the first_token over the prompt cap and under
+    lookups = sdk.kinds[names.METRIC_CACHE_LOOKUPS][2]
+    assert (
+        f'sum by (llmspans_cache_name) (rate({lookups}{{job=~"$service", llmspans_cache_hit="true"}}'
+        in queries
+    )
+    assert sdk.kinds[names.METRIC_CACHE_SAVED_ESTIMATE][2] + "_sum" in queries
+    assert f"sum by (le, llmspans_prompt_over_cap) (rate({bucket}_bucket" in queries
     links = [
         link
         for _, link in walk(dashboard)

@@ -11,7 +11,7 @@ import asyncio
 import gc
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 
 import pytest
@@ -36,6 +36,13 @@ SCHEDULE = 0.005
 SCHEDULE_WORST = 0.025
 # One timed wait or sleep, the operating system's overshoot included.
 TIMER = 0.010
+
+
+def handovers_s(admissions: Iterable[Admission]) -> float:
+    """Seconds the admissions spent granted a slot but not yet running (a waiter resuming): the only
+    time a backlog can coexist with a free slot in a healthy limiter. A busy machine stretches it; the
+    gap_fraction a test observes is bounded by it, not by an idle machine's figure."""
+    return sum((a.admitted_ns - a.granted_ns) * NS for a in admissions if a.granted_ns)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 2.0) -> None:
@@ -175,7 +182,7 @@ def test_threads_cap_two_six_workers_fifo_waits_and_stats() -> None:
         )  # fmt: skip
 
     assert stats.admitted == 6
-    assert stats.gap_fraction < 0.05
+    assert stats.gap_fraction * stats.window_s <= handovers_s(admissions.values()) + 0.001
     held_s = sum((released_ns[k] - admissions[k].admitted_ns) * NS for k in range(6))
     waited_s = sum(admission.wait_s for admission in admissions.values())
     assert stats.mean_in_flight == pytest.approx(held_s / stats.window_s, rel=0.05)
@@ -209,7 +216,7 @@ async def test_tasks_cap_two_six_workers_fifo_waits_and_stats() -> None:
     # On one event loop resumption follows the grants too.
     assert sorted(admissions, key=lambda k: admissions[k].admitted_ns) == list(range(6))
     assert stats.admitted == 6
-    assert stats.gap_fraction < 0.05
+    assert stats.gap_fraction * stats.window_s <= handovers_s(admissions.values()) + 0.001
     held_s = sum((released_ns[k] - admissions[k].admitted_ns) * NS for k in range(6))
     assert stats.mean_in_flight == pytest.approx(held_s / stats.window_s, rel=0.05)
     report("asyncio cap=2 x6 hold=80ms", **figures, gap_fraction=stats.gap_fraction)
@@ -266,7 +273,7 @@ async def test_mixed_threads_and_two_event_loops_share_one_fifo() -> None:
     assert sampler.highest <= 2
     figures = check_schedule(admissions, released_ns, 2, hold)
     assert stats.admitted == 9
-    assert stats.gap_fraction < 0.05
+    assert stats.gap_fraction * stats.window_s <= handovers_s(admissions.values()) + 0.001
     report("mixed threads + 2 loops cap=2 x9 hold=50ms", **figures, gap_fraction=stats.gap_fraction)
 
 
@@ -335,7 +342,7 @@ def test_raising_the_cap_admits_waiters_at_once() -> None:
     assert max(lags) < HANDOVER_WORST
     assert sum(lags) / len(lags) < HANDOVER
     assert stats.cap == 4
-    assert stats.gap_fraction < 0.05
+    assert stats.gap_fraction * stats.window_s <= handovers_s(admissions) + 0.001
     report(
         "cap raised 1->4 with 3 queued",
         worst_admission_after_raise_ms=max(lags) * 1e3,

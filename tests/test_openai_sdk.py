@@ -7,7 +7,6 @@ machine); the inter-chunk quantiles carry the sketch's 1/16 relative error.
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -26,11 +25,16 @@ from tests.support.openai_clients import MESSAGES, SECRET, async_client, call_sp
 from tests.timing import (
     EXACT,
     TOLERANCE,
+    Arrivals,
+    Window,
     all_exported_text,
     assert_buckets_sum_to_duration,
     assert_client_view,
+    assert_stream_stamps,
     attempt_spans,
     bucket,
+    content_events,
+    late,
     retry_timing,
 )
 
@@ -40,26 +44,24 @@ from tests.timing import (
 STREAM = Behavior(first_chunk_delay=0.08, chunk_gap=0.02, chunks=6)
 
 
-def check_stream_timings(span: Any, served: Any) -> None:
+def check_stream_timings(span: Any, served: Any, arrivals: Arrivals, called_ns: int, done_ns: int) -> None:
+    """The call's figures against this very run: the server's stamps and due times, and when the app
+    called (`called_ns`), had each content chunk (`arrivals`) and was done with the stream (`done_ns`)."""
     attrs = span.attributes
-    sent = served.chunk_sent_ns
-    server_first_token = (sent[0] - served.arrived_ns) * 1e-9
-    server_stream = (sent[-1] - sent[0]) * 1e-9
-    assert_client_view(bucket(span, "first_token"), server_first_token)
-    assert bucket(span, "stream") == pytest.approx(server_stream, abs=EXACT)
-    assert 0.08 - 0.001 <= bucket(span, "first_token") <= 0.08 + TOLERANCE
-    assert 0.10 - 0.001 <= bucket(span, "stream") <= 0.10 + TOLERANCE
+    due = served.chunk_due_ns
+    ns = 1e-9
+    # From the app's call to the first chunk's stamp: no less than the server took from the request's
+    # arrival until that chunk was due, no more than until the app had it.
+    to_first = bucket(span, "connect") + bucket(span, "first_token")
+    assert (due[0] - served.arrived_ns) * ns - 1e-6 <= to_first <= (arrivals.ns[0] - called_ns) * ns + 1e-6
+    assert bucket(span, "first_token") >= 0.08 - 0.001  # the server took at least what it was told to
+    assert_stream_stamps(span, served, arrivals)
     assert bucket(span, "queue") == 0
     assert bucket(span, "retry") == 0
-    assert bucket(span, "connect") < 0.02
-    assert bucket(span, "post") < EXACT
+    assert bucket(span, "connect") <= (served.arrived_ns - called_ns) * ns  # ready before the request left
+    assert 0 <= bucket(span, "post") <= (done_ns - due[-1]) * ns + 1e-6
     assert attrs[names.STREAM_CHUNKS] == 6
-    gaps = sorted(b - a for a, b in itertools.pairwise(sent))
-    assert attrs[names.ITL_P50] == pytest.approx(gaps[len(gaps) // 2] * 1e-9, rel=1 / 16, abs=EXACT)
-    assert attrs[names.ITL_MAX] == pytest.approx(gaps[-1] * 1e-9, abs=EXACT)
-    assert attrs[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(
-        bucket(span, "first_token"), abs=EXACT
-    )
+    assert attrs[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(to_first, abs=2e-6)
     assert attrs[names.STREAM_OUTCOME] == "completed"
     assert_buckets_sum_to_duration(span)
 
@@ -70,15 +72,21 @@ def test_sync_stream_buckets_match_the_server_delays(server: SimulatedServer, ca
     client.chat.completions.create(model="warm-up", messages=MESSAGES)  # a cold client pays its set-up once
     captured.clear()
     server.default = STREAM
+    arrivals, called_ns = Arrivals(), time.perf_counter_ns()
     stream = client.chat.completions.create(
         model="tiny", messages=MESSAGES, stream=True, max_tokens=6, temperature=0
     )
     assert isinstance(stream, openai.Stream)
-    texts = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    texts = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.mark()
+            texts.append(chunk.choices[0].delta.content)
+    done_ns = time.perf_counter_ns()
     assert len(texts) == 6
     span = call_span(captured)
     assert server.wait_idle()
-    check_stream_timings(span, server.requests[-1])
+    check_stream_timings(span, server.requests[-1], arrivals, called_ns, done_ns)
     attrs = span.attributes
     assert span.name == "chat tiny"
     assert span.kind.name == "CLIENT"
@@ -108,15 +116,16 @@ async def test_async_stream_buckets_match_the_server_delays(
     await client.chat.completions.create(model="warm-up", messages=MESSAGES)
     captured.clear()
     server.default = STREAM
+    arrivals, called_ns = Arrivals(), time.perf_counter_ns()
     stream = await client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True)
     assert isinstance(stream, openai.AsyncStream)
-    count = 0
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
-            count += 1
-    assert count == 6
+            arrivals.mark()
+    done_ns = time.perf_counter_ns()
+    assert len(arrivals.ns) == 6
     assert server.wait_idle()
-    check_stream_timings(call_span(captured), server.requests[-1])
+    check_stream_timings(call_span(captured), server.requests[-1], arrivals, called_ns, done_ns)
 
 
 @retry_timing
@@ -125,15 +134,18 @@ def test_non_streamed_first_token_is_the_server_work(server: SimulatedServer, ca
     client.chat.completions.create(model="warm-up", messages=MESSAGES)
     captured.clear()
     server.default = Behavior(header_delay=0.06, chunks=4)
-    result = client.chat.completions.create(model="tiny", messages=MESSAGES)
+    with Window() as window:
+        result = client.chat.completions.create(model="tiny", messages=MESSAGES)
     assert result.usage is not None
     span = call_span(captured)
     assert server.wait_idle()
     served = server.requests[-1]
-    assert_client_view(bucket(span, "first_token"), (served.finished_ns - served.arrived_ns) * 1e-9)
-    assert 0.06 - 0.001 <= bucket(span, "first_token") <= 0.06 + TOLERANCE
+    server_view = (served.finished_ns - served.arrived_ns) * 1e-9
+    slack = max(late(served), window.beyond(server_view))
+    assert_client_view(bucket(span, "first_token"), server_view, slack)
+    assert 0.06 - 0.001 <= bucket(span, "first_token") <= 0.06 + TOLERANCE + slack
     assert bucket(span, "stream") == 0
-    assert bucket(span, "post") < EXACT
+    assert bucket(span, "post") < EXACT + slack
     assert span.attributes[names.GEN_AI_USAGE_INPUT_TOKENS] == result.usage.prompt_tokens
     assert span.attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
     assert span.attributes[names.GEN_AI_RESPONSE_ID] == result.id
@@ -374,42 +386,61 @@ async def test_a_raw_stream_read_by_hand_is_stamped_chunk_by_chunk(
     settings = {"request_usage": True}
     request: dict[str, Any] = {"model": "tiny", "messages": MESSAGES, "stream": True}
     received: list[str] = []
+    arrivals = Arrivals()
+    pending = bytearray()  # a bytes reader's partial SSE event
+
+    def line(text: str) -> str:
+        if '"content":"' in text and '"content":""' not in text:
+            arrivals.mark()
+        return text
+
+    def piece(data: bytes) -> bytes:
+        arrivals.mark(content_events(pending, data))
+        return data
+
+    def parsed(chunk: Any) -> str:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.mark()
+        return str(chunk.model_dump_json())
+
+    called_ns = time.perf_counter_ns()  # a new client each run: its first request is built cold
     if use_async:
         aclient = async_client(server, settings)
         if how == "raw-lines":
             raw = await aclient.chat.completions.with_raw_response.create(**request)
-            received = [line async for line in raw.http_response.aiter_lines() if line]
+            received = [line(text) async for text in raw.http_response.aiter_lines() if text]
             await raw.http_response.aclose()
         else:
             async with aclient.chat.completions.with_streaming_response.create(**request) as response:
                 if how == "streaming-lines":
-                    received = [line async for line in response.iter_lines() if line]
+                    received = [line(text) async for text in response.iter_lines() if text]
                 elif how == "streaming-bytes":
                     received = (
-                        b"".join([piece async for piece in response.iter_bytes()]).decode().split("\n\n")
+                        b"".join([piece(data) async for data in response.iter_bytes()]).decode().split("\n\n")
                     )
                 else:
-                    received = [chunk.model_dump_json() async for chunk in await response.parse()]
+                    received = [parsed(chunk) async for chunk in await response.parse()]
     else:
         client = sync_client(server, settings)
         if how == "raw-lines":
             raw = client.chat.completions.with_raw_response.create(**request)
-            received = [line for line in raw.http_response.iter_lines() if line]
+            received = [line(text) for text in raw.http_response.iter_lines() if text]
             raw.http_response.close()
         else:
             with client.chat.completions.with_streaming_response.create(**request) as response:
                 if how == "streaming-lines":
-                    received = [line for line in response.iter_lines() if line]
+                    received = [line(text) for text in response.iter_lines() if text]
                 elif how == "streaming-bytes":
-                    received = b"".join(response.iter_bytes()).decode().split("\n\n")
+                    received = b"".join(piece(data) for data in response.iter_bytes()).decode().split("\n\n")
                 else:
-                    received = [chunk.model_dump_json() for chunk in response.parse()]
+                    received = [parsed(chunk) for chunk in response.parse()]
+    done_ns = time.perf_counter_ns()
     assert server.wait_idle()
     served = server.requests[-1]
     assert "stream_options" not in served.body  # raw bytes reach the app: nothing may be added to them
     if how != "streaming-parse":
-        assert any("[DONE]" in line for line in received)
-    check_stream_timings(call_span(captured), served)
+        assert any("[DONE]" in text for text in received)
+    check_stream_timings(call_span(captured), served, arrivals, called_ns, done_ns)
 
 
 async def test_async_with_streaming_response(server: SimulatedServer, captured: Captured) -> None:
@@ -508,7 +539,8 @@ async def test_the_call_starts_where_the_app_calls_the_sdk(
     duration = (span.end_time - span.start_time) / 1e9
     assert build <= duration <= elapsed
     assert bucket(span, "first_token") >= build
-    assert bucket(span, "queue") < 0.01
+    # Not the build: a free slot is taken at once, which a busy machine may stretch by some ms, never 80.
+    assert bucket(span, "queue") < build / 2
     assert_buckets_sum_to_duration(span)
 
 

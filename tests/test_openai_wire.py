@@ -41,13 +41,13 @@ def test_role_only_first_chunk_is_not_content() -> None:
 def test_content_chunk() -> None:
     info = classify(None, chat_chunk({"content": "Hello"}))
     assert info is not None
-    assert (info.content, info.content_text, info.finish_reasons) == (True, "Hello", [])
+    assert (info.content, info.finish_reasons) == (True, [])
 
 
 def test_refusal_delta_is_content() -> None:
     info = classify(None, chat_chunk({"refusal": "I can't"}))
     assert info is not None
-    assert (info.content, info.content_text) == (True, "I can't")
+    assert info.content
 
 
 @pytest.mark.parametrize(
@@ -71,10 +71,10 @@ def test_refusal_delta_is_content() -> None:
     ],
     ids=["tool_call_start", "tool_call_arguments", "reasoning_content", "reasoning"],
 )
-def test_tool_call_and_reasoning_deltas_are_content_without_answer_text(delta: dict[str, Any]) -> None:
+def test_tool_call_and_reasoning_deltas_are_content(delta: dict[str, Any]) -> None:
     info = classify(None, chat_chunk(delta))
     assert info is not None
-    assert (info.content, info.content_text) == (True, None)
+    assert info.content
 
 
 def test_finish_chunk_with_usage_transformers_serve_style() -> None:
@@ -191,9 +191,7 @@ def completion_chunk(text: Any, finish: str | None = None, **extra: Any) -> str:
 
 def test_legacy_completion_chunks() -> None:
     info = classify(None, completion_chunk(" world"))
-    assert info == ChunkInfo(
-        content=True, response_id="cmpl-xyz", model="gpt-3.5-turbo-instruct", content_text=" world"
-    )
+    assert info == ChunkInfo(content=True, response_id="cmpl-xyz", model="gpt-3.5-turbo-instruct")
     usage = {"prompt_tokens": 5, "completion_tokens": 16, "total_tokens": 21}
     info = classify(None, completion_chunk("", "length", usage=usage))
     assert info is not None
@@ -244,22 +242,18 @@ def test_responses_created_gives_id_and_model() -> None:
 def test_responses_output_text_delta() -> None:
     where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
     info = classify(*responses_event("response.output_text.delta", **where, delta="Hi", logprobs=[]))
-    assert info == ChunkInfo(content=True, content_text="Hi")
+    assert info == ChunkInfo(content=True)
     info = classify(*responses_event("response.output_text.delta", **where, delta=""))
     assert info == ChunkInfo()
 
 
 @pytest.mark.parametrize(
-    ("kind", "text"),
-    [
-        ("response.function_call_arguments.delta", None),
-        ("response.reasoning_text.delta", None),
-        ("response.refusal.delta", "piece"),
-    ],
+    "kind",
+    ["response.function_call_arguments.delta", "response.reasoning_text.delta", "response.refusal.delta"],
 )
-def test_other_responses_deltas_are_content(kind: str, text: str | None) -> None:
+def test_other_responses_deltas_are_content(kind: str) -> None:
     info = classify(*responses_event(kind, item_id="x", output_index=0, delta="piece"))
-    assert info == ChunkInfo(content=True, content_text=text)
+    assert info == ChunkInfo(content=True)
 
 
 def test_responses_structural_events_are_not_content() -> None:
@@ -308,7 +302,7 @@ def test_responses_error_event() -> None:
 
 def test_event_name_is_used_when_the_payload_has_no_type() -> None:
     info = classify("response.output_text.delta", json.dumps({"delta": "Hi"}))
-    assert info == ChunkInfo(content=True, content_text="Hi")
+    assert info == ChunkInfo(content=True)
     info = classify("response.completed", json.dumps({"response": None}))
     assert info == ChunkInfo(finish_reasons=["stop"], finish_indexes=[0])
 
@@ -346,7 +340,6 @@ def test_json_body_chat_completion() -> None:
         input_tokens=1117,
         output_tokens=46,
         cached_tokens=0,
-        content_text="The image shows",
     )
 
 
@@ -358,7 +351,7 @@ def test_json_body_chat_completion_with_tool_calls() -> None:
     }
     info = classify_json_body(json.dumps(body).encode())
     assert info is not None
-    assert (info.content, info.content_text, info.finish_reasons) == (True, None, ["tool_calls"])
+    assert (info.content, info.finish_reasons) == (True, ["tool_calls"])
 
 
 def test_json_body_text_completion() -> None:
@@ -372,7 +365,6 @@ def test_json_body_text_completion() -> None:
         finish_indexes=[0],
         input_tokens=5,
         output_tokens=7,
-        content_text="\n\nThis is a test",
     )
 
 
@@ -406,13 +398,12 @@ def test_json_body_responses_object() -> None:
         input_tokens=37,
         output_tokens=11,
         cached_tokens=16,
-        content_text="Under the moon",
         attributes={"gen_ai.usage.reasoning.output_tokens": 0},
     )
     call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}"}
     info = classify_json_body(json.dumps(response_object("completed", output=[call])).encode())
     assert info is not None
-    assert (info.content, info.content_text) == (True, None)
+    assert info.content
 
 
 def test_json_body_error() -> None:
@@ -554,7 +545,7 @@ def test_a_base64_embedding_gives_its_dimension_count() -> None:
 
 
 def test_texts_in_a_list_input_are_messages_and_instructions_are_system_instructions() -> None:
-    from llmspans._openai_wire import input_messages, system_instructions
+    from llmspans._conversation import input_messages, system_instructions
 
     assert input_messages({"input": ["first", [1, 2], "second"]}) == [
         {"role": "user", "parts": [{"type": "text", "content": "first"}]},

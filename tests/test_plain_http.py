@@ -39,13 +39,16 @@ from llmspans.tools import simulator as _simulator
 from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.timing import (
     CLIENT_SIDE,
-    EXACT,
     TOLERANCE,
+    Arrivals,
+    Window,
     all_exported_text,
     assert_buckets_sum_to_duration,
     assert_client_view,
+    assert_stream_stamps,
     attempt_spans,
     bucket,
+    late,
     retry_timing,
 )
 
@@ -120,10 +123,17 @@ class AnyClient:
             return [line async for line in lines]
         return list(lines)
 
-    async def all_lines(self, response: Any) -> list[str]:
+    async def all_lines(self, response: Any, arrivals: Arrivals | None = None) -> list[str]:
+        """Every line; `arrivals` marks when each line carrying content was in hand."""
+
+        def seen(line: str) -> str:
+            if arrivals is not None and is_content(line):
+                arrivals.mark()
+            return line
+
         if self.is_async:
-            return [line async for line in response.aiter_lines()]
-        return list(response.iter_lines())
+            return [seen(line) async for line in response.aiter_lines()]
+        return [seen(line) for line in response.iter_lines()]
 
     async def all_bytes(self, response: Any) -> bytes:
         if self.is_async:
@@ -215,10 +225,12 @@ async def test_streamed_chat_buckets_match_the_server_stamps(
     await http.request("POST", "/chat/completions", json=chat("warm-up"))  # a cold client pays set-up once
     captured.clear()
     server.default = STREAM
+    arrivals, called_ns = Arrivals(), time.perf_counter_ns()
     async with http.stream(
         "POST", "/chat/completions", json=chat(stream=True, max_tokens=6, temperature=0)
     ) as r:
-        lines = await http.all_lines(r)
+        lines = await http.all_lines(r, arrivals)
+    done_ns = time.perf_counter_ns()
     assert len([line for line in lines if is_content(line)]) == 6
     assert server.wait_idle()
     served = server.requests[-1]
@@ -242,21 +254,22 @@ async def test_streamed_chat_buckets_match_the_server_stamps(
     assert attrs[names.STREAM_CHUNKS] == 6
     assert names.RETRY_COUNT not in attrs
 
-    sent = served.chunk_sent_ns
-    assert_client_view(bucket(span, "first_token"), (sent[0] - served.arrived_ns) * 1e-9)
-    assert bucket(span, "stream") == pytest.approx((sent[-1] - sent[0]) * 1e-9, abs=EXACT)
-    assert 0.08 - 0.001 <= bucket(span, "first_token") <= 0.08 + TOLERANCE
-    # The server's own figure is >= 0.10 by construction; ours is an arrival-to-arrival figure (EXACT).
-    assert 0.10 - EXACT <= bucket(span, "stream") <= 0.10 + TOLERANCE
+    due, ns = served.chunk_due_ns, 1e-9
+    # From the call to the first chunk's stamp: no less than the server took until it was due, no more
+    # than until the app had it; the warm-up's connection was reused, so there is nothing before.
+    assert bucket(span, "connect") == 0
+    assert (
+        (due[0] - served.arrived_ns) * ns - 1e-6
+        <= bucket(span, "first_token")
+        <= (arrivals.ns[0] - called_ns) * ns + 1e-6
+    )
+    assert bucket(span, "first_token") >= 0.08 - 0.001  # the server took at least what it was told to
+    assert_stream_stamps(span, served, arrivals)
     assert bucket(span, "queue") == 0
     assert bucket(span, "retry") == 0
-    assert bucket(span, "connect") == 0  # the warm-up's connection was reused
-    assert bucket(span, "post") < CLIENT_SIDE  # closing the response: the client's own work
-    gaps = sorted(b - a for a, b in itertools.pairwise(sent))
-    assert attrs[names.ITL_P50] == pytest.approx(gaps[len(gaps) // 2] * 1e-9, rel=1 / 16, abs=EXACT)
-    assert attrs[names.ITL_MAX] == pytest.approx(gaps[-1] * 1e-9, abs=EXACT)
+    assert 0 <= bucket(span, "post") <= (done_ns - due[-1]) * ns + 1e-6  # closing the response: the client's
     assert attrs[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(
-        bucket(span, "first_token"), abs=EXACT
+        bucket(span, "first_token"), abs=2e-6
     )
     assert_buckets_sum_to_duration(span)
     events = {e.name: e.timestamp for e in span.events}
@@ -408,7 +421,8 @@ async def test_non_streamed_operations(
     await http.request("POST", "/chat/completions", json=chat("warm-up"))
     captured.clear()
     server.default = Behavior(header_delay=0.04, chunks=4)
-    response = await http.request("POST", path, json=body)
+    with Window() as window:
+        response = await http.request("POST", path, json=body)
     answer = response.json()
     assert server.wait_idle()
     served = server.requests[-1]
@@ -427,11 +441,13 @@ async def test_non_streamed_operations(
     assert attrs[names.GEN_AI_RESPONSE_MODEL] == body["model"]
     assert names.STREAM_OUTCOME not in attrs
     assert names.STREAM_CHUNKS not in attrs
-    assert_client_view(bucket(span, "first_token"), (served.finished_ns - served.arrived_ns) * 1e-9)
-    assert 0.04 - 0.001 <= bucket(span, "first_token") <= 0.04 + TOLERANCE
+    server_view = (served.finished_ns - served.arrived_ns) * 1e-9
+    slack = max(late(served), window.beyond(server_view))
+    assert_client_view(bucket(span, "first_token"), server_view, slack)
+    assert 0.04 - 0.001 <= bucket(span, "first_token") <= 0.04 + TOLERANCE + slack
     assert bucket(span, "stream") == 0
     assert bucket(span, "connect") == 0
-    assert bucket(span, "post") < CLIENT_SIDE  # closing the response: the client's own work
+    assert bucket(span, "post") < CLIENT_SIDE + slack  # closing the response: the client's own work
     assert_buckets_sum_to_duration(span)
 
 
@@ -865,9 +881,10 @@ def sse_events(draw: st.DrawFn) -> tuple[str, str | None]:
 
 
 @st.composite
-def sse_bodies(draw: st.DrawFn) -> tuple[bytes, list[str], bool]:
-    """A whole SSE body, the texts of its content events, and whether it said it was over (a
-    `[DONE]` or a finish reason); blank keep-alive lines between events."""
+def sse_bodies(draw: st.DrawFn) -> tuple[bytes, list[str], bool, bool]:
+    """A whole SSE body, the texts of its content events, whether it said it was over (a `[DONE]` or a
+    finish reason) and whether its choice finished (a finish reason); blank keep-alive lines between
+    events."""
     newline = draw(st.sampled_from(["\n", "\r\n", "\r"]))
     events = draw(st.lists(sse_events(), max_size=12))
     parts = []
@@ -878,7 +895,7 @@ def sse_bodies(draw: st.DrawFn) -> tuple[bytes, list[str], bool]:
         parts.append("data: [DONE]\n\n")
     body = "".join(parts).replace("\n", newline).encode()
     finished = any(text is None and '"finish_reason"' in lines for lines, text in events)
-    return body, [text for _, text in events if text is not None], done or finished
+    return body, [text for _, text in events if text is not None], done or finished, finished
 
 
 @st.composite
@@ -920,8 +937,8 @@ def test_random_sse_bodies_reach_the_app_unchanged_and_are_counted(
 
     @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(generated=sse_bodies(), data=st.data())
-    def check(generated: tuple[bytes, list[str], bool], data: st.DataObject) -> None:
-        body, texts, said_over = generated
+    def check(generated: tuple[bytes, list[str], bool, bool], data: st.DataObject) -> None:
+        body, texts, said_over, finished = generated
         scripted.pieces = data.draw(pieces_of(body))
         captured.clear()
         received = loop.run_until_complete(read())
@@ -929,8 +946,15 @@ def test_random_sse_bodies_reach_the_app_unchanged_and_are_counted(
         span = call_span(captured)
         assert attempt_spans(captured) == []
         assert span.attributes[names.STREAM_CHUNKS] == len(texts)
-        (answer,) = json.loads(span.attributes[names.GEN_AI_OUTPUT_MESSAGES])
-        assert answer["parts"][0]["content"] == "".join(texts)
+        if texts or finished:  # one choice: its text, and `error` when nothing said it was over
+            (answer,) = json.loads(span.attributes[names.GEN_AI_OUTPUT_MESSAGES])
+            assert answer == {
+                "role": "assistant",
+                "parts": [{"type": "text", "content": "".join(texts)}],
+                "finish_reason": "stop" if finished else "error",
+            }
+        else:  # the model answered nothing: no output messages at all
+            assert names.GEN_AI_OUTPUT_MESSAGES not in span.attributes
         if said_over:
             assert span.attributes[names.STREAM_OUTCOME] == "completed"
             assert names.ERROR_TYPE not in span.attributes

@@ -267,11 +267,17 @@ def test_with_capture_on_the_redaction_hook_runs_before_export_and_content_is_ca
     assert sum("[removed]" in text for text in inputs) >= 8, inputs
     assert any("[removed] reply" in text for text in outputs), outputs
     assert SECRETS["system"] in "".join(inputs)  # what the hook kept is there
-    # Capped: a 50,000-character prompt and a 6,000-token answer are cut at the documented length.
+    # Capped: a 50,000-character prompt and a 6,000-token answer stay within the documented length, and
+    # stay JSON: the long text is cut, and says by how much.
     (huge,) = [c for c in calls if c["attributes"].get(names.GEN_AI_REQUEST_MODEL) == "huge"]
-    assert len(huge["attributes"][names.GEN_AI_INPUT_MESSAGES]) == _content.MAX_CONTENT_CHARS == 16_384
-    assert len(huge["attributes"][names.GEN_AI_OUTPUT_MESSAGES]) == _content.MAX_CONTENT_CHARS
+    assert _content.MAX_CONTENT_CHARS == 16_384
     assert max(len(text) for text in inputs + outputs) <= _content.MAX_CONTENT_CHARS
+    (prompt,) = json.loads(huge["attributes"][names.GEN_AI_INPUT_MESSAGES])
+    assert prompt["parts"][0]["content"].startswith("A" * 16_000)
+    assert prompt["parts"][0]["content"].endswith(" chars]")
+    (reply,) = json.loads(huge["attributes"][names.GEN_AI_OUTPUT_MESSAGES])
+    assert len(reply["parts"][0]["content"]) > 16_000
+    assert reply["parts"][0]["content"].endswith(" chars]")
 
 
 def closed_port() -> int:

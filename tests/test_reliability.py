@@ -57,7 +57,7 @@ from llmspans import _names as names
 from llmspans._adapters import openai_sdk as _openai
 from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.support.local_http import serving
-from tests.support.outage import OutageRun, run_outage_app
+from tests.support.outage import OutageRun, assert_no_slower, run_outage_app
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -918,8 +918,8 @@ def outage_503(collector_503: ThreadingHTTPServer) -> Outage503:
 
 def test_a_collector_answering_503_costs_the_app_nothing(outage_503: Outage503) -> None:
     result = outage_503.result
-    # The app's calls: no slower than uninstrumented ones in the same process (medians).
-    assert result["instrumented"] <= result["plain"] * 1.25 + 0.002, result
+    # The app's calls: no slower than uninstrumented ones beside them in the same process.
+    assert_no_slower(result)
     # The queue is bounded: 5,000 more spans while it is full grow memory by far less than they weigh.
     assert result["rss_growth"] < 4_000_000, result
     assert result["dropped"] >= _exporters.SPAN_BATCH_SIZE, result

@@ -25,6 +25,7 @@ from llmspans.report._html import render as render_html
 from llmspans.report._model import FINDING_QUEUE, FINDING_STALLED, Distribution, Report, quantile
 from llmspans.report._sources.jaeger import JAEGER_TRACES_PATH
 from llmspans.report._spans import spans_of_document
+from llmspans.report._text import render as render_text
 from tests.support.local_http import serving
 from tests.support.report_files import read_spans
 
@@ -280,6 +281,143 @@ def test_retry_amplification_and_connection_churn() -> None:
     assert report.connections.per_success == pytest.approx(6 / 4)
     assert report.triage is not None
     assert "2.25 attempts per success" in report.triage.message
+
+
+def _calls_with_server_spans(streamed: int, whole: int) -> list[Trace]:
+    """Calls of each kind with vLLM's span under them (newer engine): queue 20 ms, prefill 10 ms, decode
+    60 ms; the front end hands the first token on at 35 ms (its e2e: 96 ms), the client's stream is 50 ms
+    (the first token reached it 10 ms late and the rest caught up)."""
+    server = {
+        names.GEN_AI_LATENCY_TIME_IN_QUEUE: 0.020, names.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: 0.010,
+        names.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: 0.035, names.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: 0.060,
+        names.GEN_AI_LATENCY_E2E: 0.096,
+    }  # fmt: skip
+    traces = []
+    for n in range(streamed + whole):
+        trace = Trace()
+        if n < streamed:
+            call = trace.call(0, first_token=40.0 + n, stream=50)
+            trace.spans[-1]["attributes"] += document_attributes({names.GEN_AI_REQUEST_STREAM: True})
+        else:
+            call = trace.call(0, first_token=100.0 + n)
+        trace.span(names.VLLM_SERVER_SPAN, 1, 97, call, kind=2, **_keys(server))
+        traces.append(trace)
+    return traces
+
+
+def test_a_call_that_did_not_stream_shows_its_decode_as_a_row_and_every_part_is_labelled(
+    tmp_path: Path,
+) -> None:
+    """A non-streamed call's first_token holds its whole answer: its decode is a row of its own (counted
+    over those calls), not hidden in network and client, which for such a call is what followed the front
+    end's e2e; every row is labelled in the text, the JSON and the HTML."""
+    report = report_of(*_calls_with_server_spans(streamed=3, whole=2))
+    server = report.server
+    assert server is not None
+    rows = {(row.bucket, row.part): row for row in server.rows}
+    decode = rows[("first_token", "server_decode")]
+    assert (decode.label, decode.calls, decode.values.count) == ("decode (not streamed)", "not_streamed", 2)
+    assert decode.values.p50 == pytest.approx(0.060)
+    network = rows[("first_token", "network_and_client")]
+    assert network.values.count == 5
+    # streamed: first_token - ttft (40..42 ms - 35); not streamed: first_token - e2e (103, 104 ms - 96)
+    assert (network.values.p50, network.values.max) == (pytest.approx(0.007), pytest.approx(0.008))
+    front_end = rows[("first_token", "server_front_end")]
+    assert front_end.values.max == pytest.approx(0.096 - 0.020 - 0.010 - 0.060)  # not streamed: from e2e
+    assert [row.label for row in server.rows if row.bucket == "stream"] == [
+        "stream (client)", "server decode", "network and client",
+    ]  # fmt: skip
+    text = render_text(report)
+    assert "first_token split by the server's llm_request spans (5 calls: 3 streamed, 2 not" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("  decode (not streamed)")]
+    assert row.split() == ["decode", "(not", "streamed)", "2", "60", "ms", "60", "ms", "60", "ms", "60", "ms"]
+    data = report.to_dict()["server"]
+    assert all(row["label"] and row["calls"] for row in data["rows"])
+    page = render_html(report)
+    assert (
+        'data-part="server_decode" data-calls="not_streamed"><td>decode (not streamed)</td><td>2</td>' in page
+    )
+
+
+def test_the_stream_residual_below_zero_is_explained() -> None:
+    """The client's stream (first content chunk to last) was 10 ms shorter than the engine's decode: the
+    first token reached the client late and the rest caught up; the report says what the residual means."""
+    server = report_of(*_calls_with_server_spans(streamed=3, whole=0)).server
+    assert server is not None
+    assert server.stream_network_and_client is not None
+    assert server.stream_network_and_client.p50 == pytest.approx(-0.010)
+    (note,) = server.notes
+    assert note.startswith("the stream's network and client is below zero at p50 (-10.0 ms)")
+    assert "the first token came late" in note
+
+
+def test_variability_is_compared_over_streamed_calls_only() -> None:
+    """Streamed calls whose first_token and stream both vary little, and calls that did not stream, whose
+    first_token is their whole answer (0.5 to 0.9 s): over all calls first_token would look 6x as variable
+    as stream and send the reader to server queueing; over the streamed calls it is not, and the report
+    says which calls it compared."""
+    traces = []
+    for n in range(10):
+        streamed = Trace()
+        streamed.call(0, first_token=100.0 + n, stream=50.0 + n)
+        streamed.spans[-1]["attributes"] += document_attributes({names.GEN_AI_REQUEST_STREAM: True})
+        whole = Trace()
+        whole.call(0, first_token=500.0 + 40 * n)
+        traces += [streamed, whole]
+    report = report_of(*traces)
+    variability = report.variability
+    assert (variability.calls, variability.over) == (10, "streamed calls")
+    assert variability.first_token_spread == pytest.approx(0.109 / 0.104)
+    assert variability.stream_spread == pytest.approx(0.059 / 0.054)
+    assert report.triage is not None
+    assert report.triage.dominant == "first_token"
+    assert "varies" not in report.triage.message
+    assert not any("varies" in note for note in report.triage.notes)
+    assert "TTFT vs stream variability over the 10 streamed calls (p95/p50)" in render_text(report)
+    only_whole = report_of(*traces[1::2])
+    assert only_whole.variability.calls == 0
+    assert only_whole.variability.ratio is None
+    assert "TTFT vs stream variability: no streamed calls to compare" in render_text(only_whole)
+
+
+def test_churn_from_streams_closed_before_their_end_is_put_on_the_sdk() -> None:
+    """Streamed and non-streamed calls taking turns: each stream was closed before its body's end (the
+    openai SDK at [DONE]), so the non-streamed call after it opened the connection. Counted by the calls
+    that opened them the churn would sit on the non-streamed calls; the streams closed early say where it
+    comes from, and that reusing the client does not change it. Without such streams: reuse connections."""
+    traces = []
+    for n in range(6):
+        streamed = Trace()
+        streamed.call(0, first_token=10, stream=10)
+        streamed.spans[-1]["attributes"] += document_attributes(
+            {names.GEN_AI_REQUEST_STREAM: True, names.STREAM_CLOSED_BEFORE_END: True}
+            | ({names.CONNECT_NEW: 1} if n == 0 else {})  # the first call of all opened the first connection
+        )
+        whole = Trace()
+        whole.call(0, first_token=20)
+        whole.spans[-1]["attributes"] += document_attributes({names.CONNECT_NEW: 1})
+        traces += [streamed, whole]
+    report = report_of(*traces)
+    connections = report.connections
+    assert connections.closed_before_end == 6
+    assert connections.streamed is not None
+    assert connections.not_streamed is not None
+    assert (connections.streamed.new_connections, connections.not_streamed.new_connections) == (1, 6)
+    assert report.triage is not None
+    (note,) = [note for note in report.triage.notes if note.startswith("connection churn")]
+    assert "6 of 6 streamed calls closed their response before the body's end" in note
+    assert note.endswith("reusing the client does not change that")
+    assert (
+        "by the calls that opened them: streamed 0.17 (1 new, 6 successful), non-streamed 1.00"
+        in " ".join(render_text(report).split())
+    )
+    for trace in traces[::2]:
+        trace.spans[-1]["attributes"] = [
+            a for a in trace.spans[-1]["attributes"] if a["key"] != names.STREAM_CLOSED_BEFORE_END
+        ]
+    plain = report_of(*traces).triage
+    assert plain is not None
+    assert "connection churn: 0.58 new connections per successful call; reuse connections" in plain.notes
 
 
 # --- reading: the recorded file and the recorded Jaeger answer ------------------------------------

@@ -244,7 +244,7 @@ def test_exemplars_stand_in_for_the_slowest_traces(capsys: pytest.CaptureFixture
 # --- vLLM's own histograms, without tracing ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["0.10", "0.33"])
+@pytest.mark.parametrize("family", ["0.10", "0.32/0.33"])
 def test_without_server_spans_vllms_own_histograms_give_the_server_side(family: str) -> None:
     """Prometheus scraping a vLLM server (the simulator, by release): the report reads vLLM's queue, prefill,
     time-to-first-token and between-token histograms over the window, per model, with the between-token
@@ -282,14 +282,59 @@ def test_without_server_spans_vllms_own_histograms_give_the_server_side(family: 
         assert distribution is not None
         # increase() extrapolates to the window's edges: 5 requests read as 5 to 8.
         assert 5 <= distribution.count <= 8
-        # Every request fell in the first bucket (vLLM's are coarse: 0.3 s for queue and prefill), and
-        # histogram_quantile interpolates inside it: the figures are bounded by it, not exact.
-        assert 0.0 < distribution.p50 <= 0.3
+    # Every request's queue and prefill (40 ms) fell in the first bucket (vLLM's are coarse: 0.3 s), where
+    # histogram_quantile would interpolate figures of the bucket, not the data: each quantile is the bound.
+    for distribution in (histograms.queue, histograms.prefill):
+        assert distribution is not None
+        assert (distribution.p50, distribution.p95, distribution.p99) == (0.3, 0.3, 0.3)
+        assert [(b.quantile, b.lower, b.upper) for b in distribution.bounds] == [
+            ("p50", 0.0, 0.3), ("p95", 0.0, 0.3), ("p99", 0.0, 0.3),
+        ]  # fmt: skip
     assert histograms.inter_token is not None
     expected = (
         "vllm:time_per_output_token_seconds" if family == "0.10" else "vllm:inter_token_latency_seconds"
     )
     assert histograms.inter_token_metric == expected
+    from llmspans.report._html import render as render_html
     from llmspans.report._text import render
 
-    assert f"vLLM's own histograms for model {config.model}" in render(report)
+    text = render(report)
+    assert f"vLLM's own histograms for model {config.model}" in text
+    (prefill,) = [line for line in text.splitlines() if line.startswith("  prefill")]
+    assert prefill.split()[2:] == ["≤", "300", "ms"] * 3 + ["n/a"]
+    assert "≤ X: the quantile falls in" in text
+    bounds = report.to_dict()["server_histograms"][0]["prefill"]["bounds"]
+    assert bounds[0] == {"quantile": "p50", "lower": 0.0, "upper": 0.3}
+    page = render_html(report)
+    assert '<td data-bound="0.300000">≤ 300 ms (first bucket)</td>' in page
+    assert '<section id="server-histograms">' in page
+
+
+def test_a_quantile_in_a_bucket_wider_than_itself_is_only_its_bound() -> None:
+    """histogram_quantile's linear interpolation inside a bucket gives a figure of the bucket, not of the
+    data, where the bucket is wider than the figure (always the first, which starts at 0); elsewhere the
+    interpolation stands."""
+    from llmspans.report._sources.prometheus import _bounded
+    from llmspans.report._triage import _from_histograms
+
+    edges = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0]
+    prefill = _bounded(9, {0.5: 0.15, 0.95: 0.285, 0.99: 0.297}, edges)
+    assert (prefill.p50, prefill.p95, prefill.p99) == (0.3, 0.3, 0.3)
+    assert all(bound.first_bucket for bound in prefill.bounds)
+    queue = _bounded(
+        9, {0.5: 0.4, 0.95: 1.52, 0.99: 1.9}, edges
+    )  # (0.3, 0.5] and (1.5, 2.0]: narrower than them
+    assert (queue.p50, queue.p95, queue.p99, queue.bounds) == (0.4, 1.52, 1.9, ())
+    ttft = _bounded(9, {0.5: 0.003, 0.95: 0.0035, 0.99: 0.02}, [0.001, 0.005, 0.01, 0.02, 0.04])
+    assert [(b.quantile, b.lower, b.upper) for b in ttft.bounds] == [
+        ("p50", 0.001, 0.005),
+        ("p95", 0.001, 0.005),
+    ]
+    assert ttft.p99 == 0.02  # (0.01, 0.02] is narrower than 0.02
+    from llmspans.report._model import ServerHistograms, format_quantile
+
+    assert format_quantile(prefill, "p95") == "≤ 300 ms (first bucket)"
+    assert format_quantile(ttft, "p50") == "≤ 5.0 ms (bucket from 1.0 ms)"
+    assert format_quantile(queue, "p95", short=True) == "1.52 s"
+    advice = _from_histograms((ServerHistograms("m", queue, prefill, None, None, None),))
+    assert advice == " (vLLM's histograms at p95: m: queue 1.52 s, prefill ≤ 300 ms (first bucket))"

@@ -83,13 +83,22 @@ def test_the_older_engine_derives_prefill_and_decode_and_says_so() -> None:
 
 
 def test_a_call_that_did_not_stream_has_the_decode_inside_first_token() -> None:
+    """The body arrives after the front end handled the last token (e2e): network and client is what
+    follows e2e, and the front end is the rest of e2e that the engine did not queue, prefill or decode."""
     result = split(NEWER_SPAN, {"first_token": 0.84, "stream": 0.0}, streamed=False)
     assert result is not None
-    assert [part.name for part in result.first_token] == [
-        SERVER_QUEUE, PREFILL, SERVER_FRONT_END, SERVER_DECODE, NETWORK_AND_CLIENT,
+    assert names_and_seconds(result.first_token) == [
+        (SERVER_QUEUE, 0.10), (PREFILL, 0.15), (SERVER_FRONT_END, 0.81 - 0.10 - 0.15 - 0.50),
+        (SERVER_DECODE, 0.50), (NETWORK_AND_CLIENT, 0.84 - 0.81),
     ]  # fmt: skip
-    assert result.first_token[-1].seconds == pytest.approx(0.84 - 0.80)
+    assert sum(part.seconds for part in result.first_token) == pytest.approx(0.84, abs=1e-15)
     assert result.stream == ()
+    older = split(OLDER_SPAN, {"first_token": 0.84, "stream": 0.0}, streamed=False)
+    assert older is not None
+    assert names_and_seconds(older.first_token) == [
+        (SERVER_QUEUE, 0.12), (PREFILL, 0.18), (SERVER_FRONT_END, 0.0), (SERVER_DECODE, 0.50),
+        (NETWORK_AND_CLIENT, 0.84 - 0.80),
+    ]  # fmt: skip
 
 
 def test_a_span_without_the_figures_every_release_has_gives_no_split() -> None:
@@ -171,10 +180,14 @@ def test_the_split_is_right_on_every_family(family: str, receiver: OTLPReceiver,
         decode = result.seconds("stream", SERVER_DECODE)
         assert decode is not None
         assert 4 * 0.01 - 0.001 <= decode <= 4 * 0.01 + TOLERANCE
-        for bucket in ("first_token", "stream"):
-            network = result.seconds(bucket, NETWORK_AND_CLIENT)
-            assert network is not None
-            assert -0.001 <= network <= TOLERANCE, (bucket, network)
+        before_first = result.seconds("first_token", NETWORK_AND_CLIENT)
+        after_first = result.seconds("stream", NETWORK_AND_CLIENT)
+        assert before_first is not None
+        assert after_first is not None
+        assert -0.001 <= before_first <= TOLERANCE
+        # A first chunk read late (a busy machine) moves that time from stream into first_token: the
+        # stream's residual can go below zero by as much as first_token's holds, never more.
+        assert -before_first - 0.001 <= after_first <= TOLERANCE, (before_first, after_first)
     queues = sorted(s.attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] for s in spans)
     assert queues[1] > 0.01  # the second call waited while the first was served
 

@@ -352,13 +352,18 @@ def test_reset_before_headers(server: SimulatedServer, client: openai.OpenAI, ra
 
 
 class Deviations:
-    """Collects timing misses instead of failing at the first, so a noisy attempt can be retried."""
+    """Collects timing misses instead of failing at the first, so a noisy attempt can be retried.
+
+    `late_ns`: how late the server's own timed writes woke in this attempt (`RecordedRequest.late_ns`),
+    which a busy machine adds to every figure here, the client's threads sharing the same cores; on a
+    quiet machine it is a fraction of a millisecond and the tolerances are the idle ones."""
 
     def __init__(self) -> None:
         self.misses: list[str] = []
+        self.late_ns = 0
 
     def near(self, label: str, actual_ns: int, expected_ns: int, tolerance_ns: int = TOLERANCE) -> None:
-        if abs(actual_ns - expected_ns) >= tolerance_ns:
+        if abs(actual_ns - expected_ns) >= tolerance_ns + self.late_ns:
             self.misses.append(
                 f"{label}: {actual_ns / MS:.2f} ms, want {expected_ns / MS:.0f} ± {tolerance_ns / MS:.0f}"
             )
@@ -390,6 +395,8 @@ def test_stream_timing_matches_behavior(server: SimulatedServer, client: openai.
         sent = rec.chunk_sent_ns
         assert rec.headers_sent_ns is not None
         assert len(sent) == len(arrivals) == 5
+        assert all(put >= due for put, due in zip(sent, rec.chunk_due_ns, strict=True))  # never early
+        dev.late_ns = rec.late_ns
         # The server keeps its promises (idle, to ~0.3 ms)...
         dev.near("first chunk after headers (server)", sent[0] - rec.headers_sent_ns, 50 * MS)
         for a, b in itertools.pairwise(sent):
@@ -416,6 +423,7 @@ def test_header_delay_non_streamed(server: SimulatedServer, client: openai.OpenA
         rec = server.requests[-1]
         assert rec.headers_sent_ns is not None
         assert elapsed >= 50 * MS
+        dev.late_ns = rec.late_ns
         dev.near("headers after arrival (server)", rec.headers_sent_ns - rec.arrived_ns, 50 * MS)
         dev.near("response time (client)", elapsed, 50 * MS, 2 * TOLERANCE)
 

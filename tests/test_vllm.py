@@ -9,6 +9,7 @@ numbers, so exactly) and with what its scheduler was told to do (within TOLERANC
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -576,7 +578,7 @@ BASE_SAMPLE = {
     names.VLLM_METRICS_AGE,
 }  # fmt: skip
 PREEMPTION, PREFIX_RATIO = {names.VLLM_PREEMPTION_RATE}, {names.VLLM_PREFIX_CACHE_HIT_RATIO}
-ONLY_0_33 = {
+ONLY_0_32 = {
     names.VLLM_NUM_REQUESTS_WAITING_FOR_CAPACITY, names.VLLM_NUM_REQUESTS_WAITING_DEFERRED,
     names.VLLM_ADMISSION_REJECTION_RATE,
 }  # fmt: skip
@@ -588,7 +590,7 @@ SAMPLED: dict[tuple[str, bool], set[str]] = {
     ("0.10", False): BASE_SAMPLE | PREEMPTION | PREFIX_RATIO,
     ("0.11", True): BASE_SAMPLE | PREEMPTION | PREFIX_RATIO,
     ("0.12/0.13", False): BASE_SAMPLE | PREEMPTION | PREFIX_RATIO,
-    ("0.33", False): BASE_SAMPLE | PREEMPTION | PREFIX_RATIO | ONLY_0_33,
+    ("0.32/0.33", False): BASE_SAMPLE | PREEMPTION | PREFIX_RATIO | ONLY_0_32,
 }
 
 
@@ -628,7 +630,7 @@ def test_gauges_are_exported_with_the_server_address(captured: Captured) -> None
         names.METRIC_VLLM_ADMISSION_REJECTION_RATE,
     }  # fmt: skip
     points: dict[str, Any] = {}
-    with vllm(version=FAMILIES["0.33"]) as sim, traffic(sim), ServerMetrics(sim.base_url, interval=0.05):
+    with vllm(version=FAMILIES["0.32/0.33"]) as sim, traffic(sim), ServerMetrics(sim.base_url, interval=0.05):
 
         def all_exported() -> bool:
             points.update({p.name: p for p in captured.metric_points() if p.name.startswith("vllm.")})
@@ -701,7 +703,7 @@ def test_rates_and_the_ratio_are_over_the_time_between_two_reads() -> None:
     assert after_restart.admission_rejection_rate is None
 
 
-OLDER_AND_0_33_SOURCES = """\
+OLDER_AND_0_32_SOURCES = """\
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{{model_name="a"}} 0.0
 # TYPE vllm:num_requests_waiting gauge
@@ -726,11 +728,11 @@ vllm:request_num_preemptions_sum{{model_name="a"}} {preempted}
 @pytest.mark.parametrize(
     ("prefix", "expected_ratio"),
     [("gpu_", 0.5), ("", 0.5), ("none", 0.25)],
-    ids=["gpu_-prefixed counters before 0.9.2", "prefix_cache counters", "prompt_tokens_cached of 0.33"],
+    ids=["gpu_-prefixed counters before 0.9.2", "prefix_cache counters", "prompt_tokens_cached of 0.32"],
 )
 def test_each_source_of_the_ratio_and_of_preemptions(prefix: str, expected_ratio: float) -> None:
     def page(queries: int, hits: int, cached: int, finished: int, preempted: int) -> str:
-        text = OLDER_AND_0_33_SOURCES.format(
+        text = OLDER_AND_0_32_SOURCES.format(
             prefix="" if prefix == "none" else prefix, queries=queries, hits=hits, cached=cached,
             finished=finished, preempted=preempted,
         )  # fmt: skip
@@ -764,7 +766,7 @@ def test_kv_pressure_shows_as_preemptions_on_the_call_span(captured: Captured) -
     """Requests whose caches outgrow the server's blocks: calls admitted meanwhile carry a KV-cache
     usage near full and a rising preemption rate."""
     config = {
-        "version": FAMILIES["0.33"], "max_num_seqs": 4, "block_size": 4, "num_kv_blocks": 16,
+        "version": FAMILIES["0.32/0.33"], "max_num_seqs": 4, "block_size": 4, "num_kv_blocks": 16,
         "decode_per_token": 0.005, "enable_prefix_caching": False,
     }  # fmt: skip
     with vllm(**config) as sim, ServerMetrics(sim.base_url, interval=0.02) as sampler:
@@ -929,6 +931,9 @@ client.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "co
 """
 
 
+@pytest.mark.timeout(
+    600
+)  # 25 fresh interpreters: about 40 s on a quiet machine, several times that when busy
 def test_the_first_call_right_after_instrument_succeeds_in_every_fresh_process() -> None:
     """The sampler thread used to `import httpx` while the app's first request ran; the openai 3.x
     SDK looks `httpx` up in `sys.modules` and failed on the half-imported module in about one
@@ -1069,40 +1074,38 @@ def test_span_attributes_is_safe_from_many_threads_while_sampling(static_metrics
 # --- wiring into instrument() (pending) ----------------------------------------------------------
 
 
-def test_instrument_with_server_metrics_stamps_the_server_state_at_admission(captured: Captured) -> None:
+def test_instrument_with_server_metrics_stamps_the_server_state_as_the_call_ends(captured: Captured) -> None:
     """`instrument(client, provider="vllm", server_metrics=True)` starts a ServerMetrics for the
-    client's base_url, stamps its `span_attributes()` on each call span at admission, and
+    client's base_url, stamps its freshest sample on each call span as the call ends, and
     `uninstrument()` closes it."""
     before = sampler_threads()
     with vllm() as sim:
         client = client_for(sim, server_metrics=True)
         (thread,) = sampler_threads() - before
         sampler = client._llmspans_instrumentation.settings.server_metrics  # type: ignore[attr-defined]
+        assert sampler.late_after == 0.1
         assert sampler.wait_for_sample(3.0)
-        for _ in range(3):  # a sample landing between the two reads below is possible, if rare
+        keys = (names.VLLM_NUM_REQUESTS_RUNNING, names.VLLM_NUM_REQUESTS_WAITING, names.VLLM_KV_CACHE_USAGE)
+        for _ in range(3):  # a sample landing between the call's end and the read below is possible, if rare
             captured.clear()
-            expected = sampler.span_attributes()
             client.chat.completions.create(model=MODEL, messages=ask(), max_tokens=2)
+            expected = sampler.span_attributes()
             attrs = only_call_span(captured).attributes
-            keys = (
-                names.VLLM_NUM_REQUESTS_RUNNING,
-                names.VLLM_NUM_REQUESTS_WAITING,
-                names.VLLM_KV_CACHE_USAGE,
-            )
             if all(attrs[key] == expected[key] for key in keys):
                 break
         assert {key: attrs[key] for key in keys} == {key: expected[key] for key in keys}
-        assert attrs[names.VLLM_METRICS_AGE] >= 0
+        assert 0 <= attrs[names.VLLM_METRICS_AGE] <= expected[names.VLLM_METRICS_AGE]
         llmspans.uninstrument(client)
         thread.join(2)
         assert not thread.is_alive()
 
 
 def test_instrument_accepts_a_shared_server_metrics(receiver: OTLPReceiver, captured: Captured) -> None:
-    """`server_metrics=` also takes a ServerMetrics the app owns (several clients, one sampler);
-    the call admitted while the server had two running and two waiting says so, and its own
-    server span shows the queue it then joined."""
-    with vllm(receiver, max_num_seqs=2, decode_per_token=0.05) as sim, load(sim, 4, max_tokens=8):
+    """`server_metrics=` also takes a ServerMetrics the app owns (several clients, one sampler). A call
+    sent while the server had two running and two waiting joins the queue as the third: the reads
+    taken while it waited (every 20 ms; the pair ahead of it runs for a second) saw three waiting, and
+    its own server span shows the queue it joined."""
+    with vllm(receiver, max_num_seqs=2, decode_per_token=0.05) as sim, load(sim, 4, max_tokens=20):
         assert sim.wait_for_state(lambda waiting, running: (waiting, running) == (2, 2))
         with ServerMetrics(sim.base_url, interval=0.02) as sampler:
             assert sampler.wait_for_sample(1.0)
@@ -1110,9 +1113,128 @@ def test_instrument_accepts_a_shared_server_metrics(receiver: OTLPReceiver, capt
             client.chat.completions.create(model=MODEL, messages=ask(), max_tokens=2)
         spans = server_spans(sim, receiver, 5)
     attrs = only_call_span(captured).attributes
-    assert (attrs[names.VLLM_NUM_REQUESTS_WAITING], attrs[names.VLLM_NUM_REQUESTS_RUNNING]) == (2, 2)
+    assert attrs[names.VLLM_NUM_REQUESTS_WAITING_MAX] == 3
+    assert names.VLLM_NUM_REQUESTS_RUNNING in attrs  # the freshest sample, as the call ended
     (own,) = [s for s in spans if s.attributes[names.GEN_AI_REQUEST_ID] == attrs[names.GEN_AI_RESPONSE_ID]]
-    assert own.attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] > 0.1
+    assert own.attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] > 0.5
+
+
+def test_a_burst_is_seen_by_every_call_that_queued_in_it(receiver: OTLPReceiver, captured: Captured) -> None:
+    """16 streams started together on a server that runs two at a time. The last read before the burst
+    saw an idle server, and the next regular one is a second away: the calls that queued are each read
+    for while they wait (`late_after`, 0.1 s), so each one that queued on the server for half a second
+    or more (time enough for that read on a busy machine) carries the queue it was in; no call carries
+    more waiting than the burst had (15)."""
+    calls = 16
+    with vllm(receiver, max_num_seqs=2, decode_per_token=0.01) as sim:
+        with ServerMetrics(sim.base_url) as sampler:  # one read a second, late_after 0.1
+            assert sampler.wait_for_sample(2.0)
+            client = client_for(sim, server_metrics=sampler)
+            assert sampler.span_attributes()[names.VLLM_NUM_REQUESTS_WAITING] == 0
+
+            def call() -> None:
+                for _ in client.chat.completions.create(
+                    model=MODEL, messages=ask(), stream=True, max_tokens=20
+                ):
+                    pass
+
+            threads = [threading.Thread(target=call) for _ in range(calls)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            reads = len(sampler._sampler.reads)
+        spans = server_spans(sim, receiver, calls)
+    queued = {
+        s.attributes[names.GEN_AI_REQUEST_ID]: s.attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] for s in spans
+    }
+    long_waits = 0
+    for span in call_spans(captured):
+        attrs = span.attributes
+        waited = queued[attrs[names.GEN_AI_RESPONSE_ID]]
+        seen = attrs.get(names.VLLM_NUM_REQUESTS_WAITING_MAX)
+        assert seen is None or 0 <= seen <= calls - 1
+        if waited >= 0.5:
+            long_waits += 1
+            assert seen is not None, (waited, attrs)
+            assert seen >= 1, (waited, attrs)
+    assert long_waits >= 6  # 16 calls two at a time, 0.2 s each: the last eight queue at least 0.8 s
+    duration = max(queued.values()) + 1.0
+    assert reads <= 2 + duration / 0.1 + duration / 1.0  # at most one extra read per late_after
+
+
+def test_the_sampler_reads_only_every_interval_without_late_after(captured: Captured) -> None:
+    """`late_after=None`: calls are stamped with the regular reads only, and none is made for them."""
+    with (
+        vllm(max_num_seqs=1, decode_per_token=0.02) as sim,
+        ServerMetrics(sim.base_url, interval=5.0, late_after=None) as sampler,
+    ):
+        assert sampler.wait_for_sample(2.0)
+        client = client_for(sim, server_metrics=sampler)
+        scrapes = len(sim.scrapes)
+        threads = [
+            threading.Thread(
+                target=lambda: client.chat.completions.create(model=MODEL, messages=ask(), max_tokens=10)
+            )
+            for _ in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert len(sim.scrapes) == scrapes
+    assert all(names.VLLM_NUM_REQUESTS_WAITING_MAX not in s.attributes for s in call_spans(captured))
+
+
+EXIT_EXPORT = """
+import sys
+import openai
+import llmspans
+
+llmspans.configure(traces_file=sys.argv[3], metric_interval=60)
+client = llmspans.instrument(
+    openai.OpenAI(base_url=sys.argv[1], api_key="sk-test", max_retries=0), provider="vllm", server_metrics=True
+)
+client._llmspans_instrumentation.settings.server_metrics.wait_for_sample(5.0)
+client.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+"""
+
+
+def test_the_server_gauges_reach_the_final_export_of_a_short_app(tmp_path: Path) -> None:
+    """An app shorter than the metric export interval: its only export is the one at exit, after the
+    sampler's own exit hook stopped the thread (`llmspans.vllm` is imported after `configure()`, so its
+    hook runs first); that export still carries the server's gauges."""
+    traces = tmp_path / "traces.jsonl"
+    with vllm() as sim:
+        out = subprocess.run(
+            [sys.executable, "-c", EXIT_EXPORT, sim.base_url, MODEL, str(traces)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    metric_names = set()
+    for line in traces.read_text().splitlines():
+        for resource in json.loads(line).get("resourceMetrics", []):
+            for scope in resource["scopeMetrics"]:
+                metric_names.update(metric["name"] for metric in scope["metrics"])
+    assert names.METRIC_OPERATION_DURATION in metric_names
+    assert {names.METRIC_VLLM_NUM_REQUESTS_WAITING, names.METRIC_VLLM_NUM_REQUESTS_RUNNING} <= metric_names
+
+
+def test_only_the_families_read_are_parsed_and_they_read_the_same() -> None:
+    """The lines of every other family are dropped before parsing; what is read is what the whole page says."""
+    from llmspans.vllm import _Reading, _wanted_lines
+
+    for family in FAMILIES.values():
+        for tracing in (False, True):
+            with contextlib.ExitStack() as stack:
+                otlp = stack.enter_context(OTLPReceiver()) if tracing else None
+                sim = stack.enter_context(vllm(otlp, version=family))
+                stack.enter_context(traffic(sim))
+                page = httpx.get(sim.base_url.removesuffix("/v1") + "/metrics").text
+            kept = _wanted_lines(page)
+            assert len(kept) < len(page) / 2
+            whole = _Reading.parse(text_string_to_metric_families(page), 1.0)
+            assert _Reading.parse(text_string_to_metric_families(kept), 1.0) == whole, (family, tracing)
 
 
 @retry_timing

@@ -11,8 +11,10 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from llmspans import _content, _openai_wire, _sse
+from llmspans import _content, _conversation, _openai_wire, _sse
+from llmspans import _sites as sites
 from llmspans._call import CallRecord
+from llmspans._guard import check_fault, report, swallow
 
 __all__ = ["BodyReader", "JsonObserver", "StreamObserver"]
 
@@ -69,14 +71,29 @@ class StreamObserver(BodyReader):
         self.record = record
         self.capture = capture
         self.responses_api = responses_api
-        self.output: list[str] | None = [] if capture else None
+        self.output = _conversation.OutputMessages(_content.limit(record)) if capture else None
         self._now = 0
         self._parser = _sse.SSEObserver(self._on_event)
 
     def _on_event(self, event: str | None, data: str) -> None:
-        info = _openai_wire.classify(event, data)
-        if info is None:
-            return
+        output = self.output
+        if output is None:
+            info = _openai_wire.classify(event, data)
+            if info is None:
+                return
+        else:  # the decoded event is kept for the answer's content too
+            payload = _openai_wire.load(data)
+            if payload is None:
+                info = _openai_wire.classify(event, data)  # `[DONE]`, or nothing
+                if info is None:
+                    return
+            else:
+                info = _openai_wire.classify_payload(event, payload)
+                try:
+                    check_fault(sites.CONTENT_CHUNK)
+                    output.stream_payload(payload)
+                except Exception as failure:  # the answer's content is incomplete; its timing is not
+                    report(sites.CONTENT_CHUNK, failure)
         if info.done or (self.responses_api and info.finish_reasons):
             self.complete = True
             self.record.ended_well = True
@@ -86,8 +103,6 @@ class StreamObserver(BodyReader):
             if info.output_tokens is not None:  # cumulative usage on every chunk: exact tokens per chunk
                 tokens = max(1, info.output_tokens - (record.output_tokens or 0))
             record.content_chunk(self._now, tokens)
-            if self.output is not None and info.content_text:
-                self.output.append(info.content_text)
         if record.response_id is None:
             record.set_response(info.response_id, info.model)
             if info.attributes:  # a stream's tier and fingerprint, said on its first chunk
@@ -105,7 +120,8 @@ class StreamObserver(BodyReader):
 
     def finish(self, now_ns: int, error: BaseException | None) -> None:
         if self.output is not None and not self.muted:
-            _content.write_output(self.record, self.capture, "".join(self.output))
+            with swallow(sites.HTTPX_CONTENT):
+                _content.write_output(self.record, self.capture, self.output)
 
 
 class JsonObserver(BodyReader):
@@ -127,12 +143,16 @@ class JsonObserver(BodyReader):
     def finish(self, now_ns: int, error: BaseException | None) -> None:
         body = b"".join(self._parts)
         self._parts.clear()
-        info = _openai_wire.classify_json_body(body) if body else None
-        if info is None:
+        payload = _openai_wire.load(body) if body else None
+        if payload is None:
             return
+        info = _openai_wire.read_payload(payload)
         self.record.set_response(info.response_id, info.model, info.finish_reasons)
         self.record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
         if info.attributes:
             self.record.set_attributes(info.attributes)
         if self.capture:
-            _content.write_output(self.record, self.capture, info.content_text or "")
+            with swallow(sites.HTTPX_CONTENT):
+                output = _conversation.OutputMessages(_content.limit(self.record))
+                output.whole(payload)
+                _content.write_output(self.record, self.capture, output)

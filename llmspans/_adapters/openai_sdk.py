@@ -20,14 +20,14 @@ from typing import Any
 import wrapt
 from opentelemetry import context as otel_context
 
-from llmspans import _content, _guard, _openai_wire, _telemetry, _transport
+from llmspans import _content, _conversation, _guard, _openai_wire, _telemetry, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._adapters import openai_entry
 from llmspans._adapters.body_readers import StreamObserver
 from llmspans._adapters.openai_entry import called_at
 from llmspans._call import CallRecord
-from llmspans._guard import check_fault, report, swallow
+from llmspans._guard import Deliberate, check_fault, report, swallow
 from llmspans._openai_wire import RESPONSES_DELTAS, ChunkInfo
 from llmspans._settings import Settings
 from llmspans._stream import AsyncStreamProxy, SyncStreamProxy
@@ -88,7 +88,11 @@ class _Reading:
         self.hide_usage = hide_usage
         self.capture = capture
         # Embeddings have no output message to record: not even an empty one.
-        self.output: list[str] | None = [] if capture and not operation.endswith("/embeddings") else None
+        self.output: _conversation.OutputMessages | None = (
+            _conversation.OutputMessages(_content.limit(record))
+            if capture and not operation.endswith("/embeddings")
+            else None
+        )
 
 
 # --- reading the SDK's objects -------------------------------------------------------------
@@ -130,13 +134,13 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
         content = False
         for choice in choices:
             delta = choice.delta
-            if not content and delta is not None:
-                text = delta.content
-                if text or delta.tool_calls or getattr(delta, "reasoning_content", None):
-                    content = True  # one content chunk however many choices it carries
-                    record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
-                    if reading.output is not None and text:
-                        reading.output.append(text)
+            if (
+                not content
+                and delta is not None
+                and (delta.content or delta.tool_calls or delta.refusal or _reasoning_in(delta))
+            ):
+                content = True  # one content chunk however many choices it carries
+                record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
             reason = choice.finish_reason
             if reason:
                 record.choice_finished(choice.index, reason)
@@ -161,6 +165,13 @@ def _chat_text_item(reading: _Reading, item: Any, now: int) -> bool:
     return _chat_item(reading, item, now)
 
 
+def _reasoning_in(delta: Any) -> bool:
+    """Reasoning in a chunk: vLLM's `reasoning` or DeepSeek's `reasoning_content`, fields the SDK's types
+    do not declare (a model keeps them in its extras: looked up there, not through `getattr`'s exception)."""
+    extra = getattr(delta, "__pydantic_extra__", None)
+    return bool(extra and (extra.get("reasoning") or extra.get("reasoning_content")))
+
+
 def _tokens_in(record: CallRecord, usage: Any) -> int:
     """Tokens a content chunk carried, from cumulative usage on every chunk (vLLM's continuous stats)."""
     total = getattr(usage, "completion_tokens", None)
@@ -175,11 +186,8 @@ def _completion_item(reading: _Reading, item: Any, now: int) -> bool:
         _first_chunk(record, item)
     choices = item.choices
     if choices:
-        text = choices[0].text
-        if text:
+        if choices[0].text:
             record.content_chunk(now)
-            if reading.output is not None:
-                reading.output.append(text)
         for choice in choices:
             if choice.finish_reason:
                 record.choice_finished(getattr(choice, "index", None), choice.finish_reason)
@@ -192,24 +200,52 @@ def _completion_item(reading: _Reading, item: Any, now: int) -> bool:
 
 def _responses_item(reading: _Reading, item: Any, now: int) -> bool:
     kind = getattr(item, "type", None)
-    answer = RESPONSES_DELTAS.get(kind) if isinstance(kind, str) else None
-    if answer is not None:
-        delta = getattr(item, "delta", None)
-        if delta:
+    if isinstance(kind, str) and kind in RESPONSES_DELTAS:
+        if getattr(item, "delta", None):
             reading.record.content_chunk(now)
-            if reading.output is not None and answer:
-                reading.output.append(delta)
     elif kind in _RESPONSE_EVENTS:
         _apply(reading.record, _openai_wire.read_response_event(kind, getattr(item, "response", None)))
     return False
 
 
-def _item_reader(operation_path: str, capture: bool = True) -> Callable[[_Reading, Any, int], bool]:
+def _item_reader(operation_path: str, capturing: bool) -> Callable[[_Reading, Any, int], bool]:
+    """The per-chunk reader of an operation's stream; with content capture, one that also keeps the
+    answer's pieces (the readers themselves never look at content, so capture off costs nothing)."""
     if operation_path.endswith("/responses"):
-        return _responses_item
+        return _capturing_responses_item if capturing else _responses_item
     if operation_path.endswith("/chat/completions"):
-        return _chat_item if capture else _chat_text_item
-    return _completion_item
+        return _capturing_chat_item if capturing else _chat_text_item
+    return _capturing_completion_item if capturing else _completion_item
+
+
+def _capturing_chat_item(reading: _Reading, item: Any, now: int) -> bool:
+    hidden = _chat_item(reading, item, now)
+    try:
+        check_fault(sites.CONTENT_CHUNK)
+        reading.output.chat_chunk(item)  # type: ignore[union-attr]
+    except Exception as failure:  # the answer's content is incomplete; its timing is not
+        report(sites.CONTENT_CHUNK, failure)
+    return hidden
+
+
+def _capturing_completion_item(reading: _Reading, item: Any, now: int) -> bool:
+    hidden = _completion_item(reading, item, now)
+    try:
+        check_fault(sites.CONTENT_CHUNK)
+        reading.output.completion_chunk(item)  # type: ignore[union-attr]
+    except Exception as failure:
+        report(sites.CONTENT_CHUNK, failure)
+    return hidden
+
+
+def _capturing_responses_item(reading: _Reading, item: Any, now: int) -> bool:
+    hidden = _responses_item(reading, item, now)
+    try:
+        check_fault(sites.CONTENT_CHUNK)
+        reading.output.responses_event(item)  # type: ignore[union-attr]
+    except Exception as failure:
+        report(sites.CONTENT_CHUNK, failure)
+    return hidden
 
 
 def _read_result(reading: _Reading, result: Any) -> None:
@@ -226,10 +262,10 @@ def _read_result(reading: _Reading, result: Any) -> None:
     if reading.output is None:  # no content to capture: the answer's text is not read
         _apply(record, _openai_wire.read_outcome(result))
         return
-    info = _openai_wire.read_payload(result)
-    _apply(reading.record, info)
+    _apply(reading.record, _openai_wire.read_payload(result))
     if reading.output is not None:
-        reading.output = [info.content_text] if info.content_text is not None else []
+        with swallow(sites.OPENAI_CONTENT):
+            reading.output.whole(result)
 
 
 def _read_failed_answer(reading: _Reading) -> None:
@@ -259,7 +295,7 @@ def _finish(
 ) -> None:
     if reading.output is not None and not reading.record.finished:
         with swallow(sites.OPENAI_CONTENT):
-            _content.write_output(reading.record, reading.capture, "".join(reading.output))
+            _content.write_output(reading.record, reading.capture, reading.output)
     reading.record.finish(outcome, error=error, now_ns=at_ns)
 
 
@@ -311,6 +347,18 @@ class OpenAIInstrumentation:
                 shared = dataclasses.replace(self.settings, owns_server_metrics=False)
                 OpenAIInstrumentation(copied, shared).install()
         return copied
+
+    def _begin(self, options: Any, sinks: _telemetry.Sinks | None) -> tuple[_Reading, Any] | None:
+        """Open the call for one request (None: not an LLM call, or llmspans failed and stands aside)."""
+        try:
+            if _guard._faults:
+                check_fault(sites.OPENAI_BEGIN)
+            return self._open(options, sinks)
+        except Deliberate:  # a prompt cap refusing the call: the app's to see
+            raise
+        except Exception as failure:
+            report(sites.OPENAI_BEGIN, failure)
+            return None
 
     def _open(self, options: Any, sinks: _telemetry.Sinks | None) -> tuple[_Reading, Any] | None:
         url = getattr(options, "url", "")
@@ -411,13 +459,7 @@ class OpenAIInstrumentation:
         """What both twins do before their I/O: open the call, and pass on the (maybe amended) options;
         None: not an LLM call, or llmspans failed and stands aside."""
         options = args[1] if len(args) > 1 else kwargs.get("options")
-        try:
-            if _guard._faults:
-                check_fault(sites.OPENAI_BEGIN)
-            begun = self._open(options, sinks)
-        except Exception as failure:
-            report(sites.OPENAI_BEGIN, failure)
-            return None
+        begun = self._begin(options, sinks)
         if begun is None:
             return None
         reading, options = begun
@@ -429,8 +471,9 @@ class OpenAIInstrumentation:
 
     def _sync_request(self, *args: Any, **kwargs: Any) -> Any:
         sinks = _telemetry.recording_sinks()
-        if sinks is None and self.settings.limiter is None:
-            return self._original_request(*args, **kwargs)  # nothing to record, no slot to hold
+        if sinks is None and self.settings.limiter is None and self.settings.prompt_cap is None:
+            # nothing to record, no slot to hold, no prompt to refuse
+            return self._original_request(*args, **kwargs)
         begun = self._lead_in(args, kwargs, sinks)
         if begun is None:
             return self._original_request(*args, **kwargs)
@@ -452,8 +495,9 @@ class OpenAIInstrumentation:
 
     async def _async_request(self, *args: Any, **kwargs: Any) -> Any:
         sinks = _telemetry.recording_sinks()
-        if sinks is None and self.settings.limiter is None:
-            return await self._original_request(*args, **kwargs)  # nothing to record, no slot to hold
+        if sinks is None and self.settings.limiter is None and self.settings.prompt_cap is None:
+            # nothing to record, no slot to hold, no prompt to refuse
+            return await self._original_request(*args, **kwargs)
         begun = self._lead_in(args, kwargs, sinks)
         if begun is None:
             return await self._original_request(*args, **kwargs)

@@ -19,15 +19,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from llmspans import _names as names
+from llmspans.report._levers import CacheCollector, PromptCapCollector
 from llmspans.report._model import (
     KIND_BUCKET,
+    KIND_LEVEL,
     KIND_OTHER,
     KIND_STAGE,
     NS,
+    OVER_STREAMED,
     QUANTILE_METHOD,
     BucketRow,
+    Churn,
     Connections,
     Distribution,
+    LevelRow,
     LimiterRow,
     Part,
     Report,
@@ -35,6 +40,7 @@ from llmspans.report._model import (
     SkippedLine,
     SlowTrace,
     StageRow,
+    Variability,
     WaterfallRow,
     seconds_of,
 )
@@ -49,12 +55,14 @@ from llmspans.report._traces import (
     number,
     optimistic_traces,
 )
-from llmspans.report._triage import Figures, triage, variability_of
+from llmspans.report._triage import Figures, triage
 
 _APP_EXCLUDED = (names.STAGE_LLM, names.STAGE_TURN)
 _BUDGET, _BUDGET_EXCEEDED, _LLM = names.BUDGET, names.BUDGET_EXCEEDED, names.STAGE_LLM
+_CACHE, _OVER_CAP = names.STAGE_CACHE, names.PROMPT_OVER_CAP
 _KIND_ORDER = {KIND_STAGE: 0, KIND_BUCKET: 1, KIND_OTHER: 2}
 _BUCKET_ORDER = {bucket: index for index, bucket in enumerate(names.BUCKETS)}
+_FIRST_TOKEN, _STREAM = names.BUCKETS.index("first_token"), names.BUCKETS.index("stream")
 Order = tuple[int, ...]  # where something first appeared in the input; smaller is earlier
 
 
@@ -88,6 +96,24 @@ class _Limiter:
     cap: int = 0
     intervals: array[int] = field(default_factory=lambda: array("q"))  # queued_at, admitted, end per call
     queue_depths: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Level:
+    """The calls of one `llmspans load` level of one run."""
+
+    first: Order
+    durations: array[int] = field(default_factory=lambda: array("q"))
+    buckets: tuple[array[int], ...] = field(default_factory=lambda: tuple(array("q") for _ in names.BUCKETS))
+    failed: int = 0
+
+
+def _level_value(level: str) -> float:
+    """`concurrency=8` -> 8.0, to order a run's levels by load (unreadable values last)."""
+    try:
+        return float(level.rpartition("=")[2])
+    except ValueError:
+        return float("inf")
 
 
 def _queued_interval(call: Span) -> tuple[int, int]:
@@ -128,14 +154,24 @@ class Analysis:
         self._parts: dict[tuple[str, str], array[int]] = {}
         self._part_first: dict[tuple[str, str], Order] = {}
         self._calls = self._successful = self._new_connections = self._reused = 0
+        # Streamed calls alone: their first_token and stream (the variability), and churn by kind of call.
+        self._streamed_first_token: array[int] = array("q")
+        self._streamed_stream: array[int] = array("q")
+        # streamed -> [calls, successful, new connections]
+        self._by_kind = {True: [0, 0, 0], False: [0, 0, 0]}
+        self._closed_before_end = 0
         self._attempts = self._wasted = self._retried = 0
         self._causes: dict[str, int] = {}
         self._cause_first: dict[str, Order] = {}
         self._errors: dict[str, int] = {}
         self._error_first: dict[str, Order] = {}
         self._limiters: dict[tuple[str, str], _Limiter] = {}
+        self._levels: dict[tuple[str, str], _Level] = {}  # by (run id, level)
         self._server = ServerSplitter()
         self._pressure = PressureCollector()
+        self._prompt_caps = PromptCapCollector()
+        self._caches = CacheCollector()
+        self._lookups: list[Span] = []  # the cache lookups of the trace being added
         self._slowest: list[tuple[int, int, SlowTrace]] = []  # heap of (duration, -index, trace): worst first
 
     def _wanted(self, trace: Trace) -> bool:
@@ -153,6 +189,9 @@ class Analysis:
         index = trace.index
         for position, span in enumerate(trace.marked):
             self._add_span(span, index, position)
+        if self._lookups:
+            self._caches.add(trace, self._lookups)
+            self._lookups.clear()
         totals = trace.parts()
         parts, part_first = self._parts, self._part_first
         for position, (key, value) in enumerate(totals.items()):
@@ -200,6 +239,8 @@ class Analysis:
             row.exceeded += flag
         if stage == _LLM:
             self._add_call(span, (index, position))
+        elif stage == _CACHE:
+            self._lookups.append(span)
 
     def _add_call(self, call: Span, where: tuple[int, int]) -> None:
         self._calls += 1
@@ -210,7 +251,23 @@ class Analysis:
         failed = _call_failed(call)
         self._successful += not failed
         attributes = call.attributes
-        self._new_connections += int(number(call, names.CONNECT_NEW))
+        if _OVER_CAP in attributes:
+            self._prompt_caps.add(call, failed)
+        level = attributes.get(names.LOAD_LEVEL)
+        if isinstance(level, str):
+            self._add_level(call, level, failed, where)
+        opened = int(number(call, names.CONNECT_NEW))
+        self._new_connections += opened
+        streamed = attributes.get(names.GEN_AI_REQUEST_STREAM) is True
+        kind = self._by_kind[streamed]
+        kind[0] += 1
+        kind[1] += not failed
+        kind[2] += opened
+        if streamed:
+            self._closed_before_end += attributes.get(names.STREAM_CLOSED_BEFORE_END) is True
+            buckets = call.buckets_ns
+            self._streamed_first_token.append(buckets[_FIRST_TOKEN])
+            self._streamed_stream.append(buckets[_STREAM])
         self._reused += attributes.get(names.CONNECT_REUSED) is True
         failed_attempts = int(number(call, names.RETRY_COUNT))
         self._attempts += failed_attempts + 1
@@ -235,6 +292,16 @@ class Analysis:
             limiter.intervals.extend((queued_at, admitted, call.end_ns))
             limiter.queue_depths.append(number(call, names.LIMITER_QUEUE_DEPTH))
 
+    def _add_level(self, call: Span, level: str, failed: bool, where: tuple[int, int]) -> None:
+        run = str(call.attributes.get(names.LOAD_RUN_ID, ""))
+        row = self._levels.get((run, level))
+        if row is None:
+            row = self._levels[(run, level)] = _Level(where)
+        row.durations.append(call.duration_ns)
+        for values, value in zip(row.buckets, call.buckets_ns, strict=True):
+            values.append(value)
+        row.failed += failed
+
     def _consider_slowest(self, trace: Trace, totals: Mapping[tuple[str, str], int]) -> None:
         if not self.top:
             return
@@ -254,7 +321,7 @@ class Analysis:
         buckets = self._bucket_rows() if self._calls else ()
         parts = self._part_rows()
         figures = Figures(
-            variability=variability_of(buckets),
+            variability=self._variability(),
             retries=Retries(
                 calls=self._calls,
                 successful=self._successful,
@@ -272,17 +339,28 @@ class Analysis:
                 self._new_connections,
                 self._new_connections / self._successful if self._successful else None,
                 self._reused,
+                streamed=_churn(*self._by_kind[True]),
+                not_streamed=_churn(*self._by_kind[False]),
+                closed_before_end=self._closed_before_end,
             ),
             limiters=self._limiter_rows(),
             server=self._server.result(),
             pressure=self._pressure.result(),
+            prompt_caps=self._prompt_caps.result(),
         )
         notes = tuple(
             f"--budgets names stage '{stage}', which no span has"
             for stage in self.overrides
             if stage not in self._stages
         )
+        levels = self._level_rows()
         samples = {(KIND_STAGE, row.stage): _seconds(self._stages[row.stage].durations) for row in stages}
+        samples.update(
+            {
+                (KIND_LEVEL, row.label): _seconds(self._levels[(row.run_id, row.level)].durations)
+                for row in levels
+            }
+        )
         samples.update({(KIND_BUCKET, bucket): _seconds(self._buckets[bucket]) for bucket in names.BUCKETS})
         return Report(
             sources=tuple(sources),
@@ -303,8 +381,20 @@ class Analysis:
             server_pressure=figures.pressure,
             slowest=tuple(entry[2] for entry in sorted(self._slowest, reverse=True)),
             notes=notes,
+            levels=levels,
+            prompt_caps=figures.prompt_caps,
+            caches=self._caches.result(),
             samples=samples if self.traces else {},
         )
+
+    def _variability(self) -> Variability:
+        """first_token against stream over the streamed calls only: a call that did not stream has its
+        whole answer in first_token and nothing in stream, so mixing the two kinds would read decode as
+        first_token's spread."""
+        first = Distribution.of_nanoseconds(self._streamed_first_token).spread
+        stream = Distribution.of_nanoseconds(self._streamed_stream).spread
+        ratio = first / stream if first is not None and stream is not None and stream > 0 else None
+        return Variability(first, stream, ratio, calls=len(self._streamed_first_token), over=OVER_STREAMED)
 
     def _stage_rows(self) -> tuple[StageRow, ...]:
         ordered = sorted(self._stages, key=lambda stage: self._stages[stage].first)
@@ -360,12 +450,48 @@ class Analysis:
             parts.append(Part(kind, name, Distribution.of_nanoseconds([*zeros, *values])))
         return tuple(parts)
 
+    def _level_rows(self) -> tuple[LevelRow, ...]:
+        """Runs in the order they appeared, each run's levels by load."""
+        runs: dict[str, Order] = {}
+        for (run, _), row in self._levels.items():
+            runs[run] = min(runs.get(run, row.first), row.first)
+        keys = sorted(
+            self._levels, key=lambda key: (runs[key[0]], _level_value(key[1]), self._levels[key].first)
+        )
+        several = len(runs) > 1
+        rows = []
+        for run, level in keys:
+            row = self._levels[(run, level)]
+            p95 = {
+                bucket: Distribution.of_nanoseconds(values).p95
+                for bucket, values in zip(names.BUCKETS, row.buckets, strict=True)
+            }
+            rows.append(
+                LevelRow(
+                    label=f"{level} (run {run[:8]})" if several else level,
+                    run_id=run,
+                    level=level,
+                    calls=len(row.durations),
+                    failed=row.failed,
+                    durations=Distribution.of_nanoseconds(row.durations),
+                    buckets_p95=p95,
+                    dominant=max(names.BUCKETS, key=p95.__getitem__),
+                )
+            )
+        return tuple(rows)
+
     def _limiter_rows(self) -> tuple[LimiterRow, ...]:
         rows = []
         for (process, name), limiter in sorted(self._limiters.items(), key=lambda item: item[1].first):
             rows.append(_limiter_row(process, name, limiter))
         rows.sort(key=lambda row: -row.backlog_s)
         return tuple(rows)
+
+
+def _churn(calls: int, successful: int, opened: int) -> Churn | None:
+    if not calls:
+        return None
+    return Churn(calls, successful, opened, opened / successful if successful else None)
 
 
 def _seconds(values: Iterable[int]) -> tuple[float, ...]:

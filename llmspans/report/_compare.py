@@ -1,4 +1,4 @@
-"""Before and after: per stage and per bucket, how p50 and p95 moved, and whether the move is real.
+"""Before and after: per stage, per bucket and per load level, how p50 and p95 moved, and whether the move is real.
 
 On the span path each side keeps its samples (`Report.samples`), so each change gets a bootstrap
 95 % confidence interval: both samples are resampled with replacement, the nearest-rank quantile of
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from llmspans.report._model import KIND_BUCKET, KIND_STAGE, Distribution, Report, part_label, rank
+from llmspans.report._model import KIND_BUCKET, KIND_LEVEL, KIND_STAGE, Distribution, Report, part_label, rank
 
 REPLICATES = 2000
 CONFIDENCE = 0.95
@@ -39,7 +39,7 @@ NO_INTERVAL = "no interval (histogram quantiles)"
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # stage or bucket
+    kind: str  # stage, bucket, or level (a load level's call durations)
     name: str
     quantile: str  # p50 or p95
     before_s: float
@@ -94,6 +94,8 @@ def interval(
 def _rows(report: Report, kind: str) -> dict[str, Distribution]:
     if kind == KIND_STAGE:
         return {row.stage: row.durations for row in report.stages}
+    if kind == KIND_LEVEL:
+        return {row.label: row.durations for row in report.levels}
     return {row.bucket: row.values for row in report.buckets}
 
 
@@ -116,9 +118,9 @@ def _change(kind: str, name: str, q: float, before: Report, after: Report) -> Ch
 
 
 def compare(before: Report, after: Report, *, before_name: str, after_name: str) -> Comparison:
-    """Every stage and bucket both runs have, at p50 and p95, in the after-run's order."""
+    """Every stage, bucket and load level both runs have, at p50 and p95, in the after-run's order."""
     changes: list[Change] = []
-    for kind in (KIND_STAGE, KIND_BUCKET):
+    for kind in (KIND_STAGE, KIND_BUCKET, KIND_LEVEL):
         earlier = _rows(before, kind)
         for name in _rows(after, kind):
             if name in earlier:

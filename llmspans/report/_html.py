@@ -2,9 +2,10 @@
 
 Three charts: a stacked bar of a request's parts at p50, p95 and p99 (one segment per part,
 every LLM bucket included even when it is zero), each stage's distribution against its
-budget line, and a waterfall of the slowest traces with the LLM calls split into buckets.
-Elements carry `data-*` attributes (part, quantile, stage, budget, trace id) so tests and
-other tools can read the rendered page.
+budget line, and a waterfall of the slowest traces with the LLM calls split into buckets;
+tables for the load levels, the server's split and the levers, where the input has them.
+Elements carry `data-*` attributes (part, quantile, stage, budget, trace id, cache) so tests
+and other tools can read the rendered page.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from llmspans.report._model import (
     ServerSplit,
     SlowTrace,
     StageRow,
+    format_quantile,
     part_label,
 )
 from llmspans.report._model import format_seconds as seconds
@@ -126,10 +128,10 @@ def _stage_chart(row: StageRow) -> str:
         f'<text class="small" x="{label_w + plot_w}" y="{height}" text-anchor="end">{seconds(top)}</text>',
         f'<line class="whisker" x1="{at(d.p95):.2f}" x2="{at(highest):.2f}" y1="{y_mid}" y2="{y_mid}"/>',
         f'<rect class="box" data-from="{d.p50:.6f}" data-to="{d.p95:.6f}" x="{at(d.p50):.2f}" y="{y_mid - 9}" '
-        f'width="{max(1.0, (d.p95 - d.p50) * scale):.2f}" height="18"><title>p50 {seconds(d.p50)} to p95 '
-        f"{seconds(d.p95)}</title></rect>",
+        f'width="{max(1.0, (d.p95 - d.p50) * scale):.2f}" height="18"><title>p50 {format_quantile(d, "p50")} to p95 '
+        f"{format_quantile(d, 'p95')}</title></rect>",
         f'<line class="whisker p99" x1="{at(d.p99):.2f}" x2="{at(d.p99):.2f}" y1="{y_mid - 7}" y2="{y_mid + 7}">'
-        f"<title>p99 {seconds(d.p99)}</title></line>",
+        f"<title>p99 {format_quantile(d, 'p99')}</title></line>",
     ]
     if d.max is not None:
         parts.append(
@@ -142,11 +144,9 @@ def _stage_chart(row: StageRow) -> str:
             f'x1="{at(row.budget):.2f}" x2="{at(row.budget):.2f}" y1="2" y2="{height - 2}">'
             f"<title>budget {seconds(row.budget)}</title></line>"
         )
-        summary = (
-            f"p95 {seconds(d.p95)} / budget {seconds(row.budget)}, {row.exceeded} of {row.budgeted} over"
-        )
+        summary = f"p95 {format_quantile(d, 'p95')} / budget {seconds(row.budget)}, {row.exceeded} of {row.budgeted} over"
     else:
-        summary = f"p95 {seconds(d.p95)}, no budget"
+        summary = f"p95 {format_quantile(d, 'p95')}, no budget"
     parts.append(f'<text class="small" x="{label_w + plot_w + 8}" y="{y_mid + 4}">{escape(summary)}</text>')
     parts.append("</svg>")
     return "".join(parts)
@@ -227,41 +227,123 @@ def _comparison(comparison: Comparison) -> str:
     )
 
 
-def _server_split(server: ServerSplit) -> str:
-    """The buckets split by vLLM's own spans: a table per bucket, and what was derived."""
+def _quantile_cells(distribution: Distribution) -> str:
+    """p50, p95 and p99 as table cells; a quantile that is only bounded by its histogram bucket reads
+    `≤ 300 ms (first bucket)` and carries `data-bound`."""
+    cells = []
+    for quantile in ("p50", "p95", "p99"):
+        bound = distribution.bound(quantile)
+        marker = f' data-bound="{bound.upper:.6f}"' if bound is not None else ""
+        cells.append(f"<td{marker}>{escape(format_quantile(distribution, quantile))}</td>")
+    return "".join(cells)
 
-    def table(title: str, rows: Sequence[tuple[str, Distribution | None]]) -> str:
+
+def _server_split(server: ServerSplit) -> str:
+    """The buckets split by vLLM's own spans: a table per bucket, every row labelled, and what was derived."""
+
+    def table(title: str, bucket: str) -> str:
         cells = "".join(
-            f"<tr><td>{escape(name)}</td><td>{seconds(d.p50)}</td><td>{seconds(d.p95)}</td><td>{seconds(d.p99)}</td></tr>"
-            for name, d in rows
-            if d is not None
+            f'<tr data-bucket="{escape(row.bucket)}" data-part="{escape(row.part)}" data-calls="{escape(row.calls)}">'
+            f"<td>{escape(row.label)}</td><td>{row.values.count}</td>{_quantile_cells(row.values)}</tr>"
+            for row in server.rows
+            if row.bucket == bucket
         )
-        return f"<h3>{escape(title)}</h3><table><tr><th>part</th><th>p50</th><th>p95</th><th>p99</th></tr>{cells}</table>"
+        return (
+            f"<h3>{escape(title)}</h3><table><tr><th>part</th><th>calls</th><th>p50</th><th>p95</th><th>p99</th>"
+            f"</tr>{cells}</table>"
+        )
 
     engines = f" (vLLM's {' and '.join(server.engines)} engine)" if server.engines else ""
     out = [f'<section id="server"><h2>The server\'s side, from its llm_request spans{escape(engines)}</h2>']
-    out.append(
-        table(
-            f"first_token, {server.calls} calls",
-            [
-                ("first_token (client)", server.first_token), ("server queue", server.server_queue),
-                ("prefill", server.prefill), ("server front end", server.server_front_end),
-                ("network and client", server.network_and_client),
-            ],
-        )
-    )  # fmt: skip
-    if server.stream is not None:
-        out.append(
-            table(
-                f"stream, {server.streamed_calls} streamed calls",
-                [
-                    ("stream (client)", server.stream), ("server decode", server.server_decode),
-                    ("network and client", server.stream_network_and_client),
-                ],
-            )
-        )  # fmt: skip
+    out.append(table(f"first_token, {server.calls} calls", "first_token"))
+    if any(row.bucket == "stream" for row in server.rows):
+        out.append(table(f"stream, {server.streamed_calls} streamed calls", "stream"))
     out.extend(f'<p class="meta">{escape(note)}</p>' for note in server.notes)
     out.append("</section>")
+    return "".join(out)
+
+
+def _levels(report: Report) -> str:
+    """The calls `llmspans load` made, per level: durations and each bucket's p95."""
+    head = "".join(f"<th>{bucket}</th>" for bucket in names.BUCKETS)
+    rows = "".join(
+        f'<tr class="load-level" data-level="{escape(row.label)}"><td>{escape(row.label)}</td><td>{row.calls}</td>'
+        f"<td>{row.failed}</td><td>{seconds(row.durations.p50)}</td><td>{seconds(row.durations.p95)}</td>"
+        + "".join(f"<td>{seconds(row.buckets_p95[bucket])}</td>" for bucket in names.BUCKETS)
+        + f"<td>{escape(row.dominant)}</td></tr>"
+        for row in report.levels
+    )
+    return (
+        '<section id="levels"><h2>Load levels (llmspans load)</h2><p class="meta">Each level\'s calls: their '
+        "durations at p50 and p95, and each bucket's p95.</p><table><tr><th>level</th><th>calls</th>"
+        f"<th>failed</th><th>p50</th><th>p95</th>{head}<th>dominant</th></tr>{rows}</table></section>"
+    )
+
+
+def _levers(report: Report) -> str:
+    """What the prompt caps and caches did: a table each (README "Levers")."""
+
+    def cell(found: Distribution | None, q: float) -> str:
+        return "-" if found is None else seconds(found.at(q))
+
+    out = ['<section id="levers"><h2>Levers: prompt caps and caches</h2>']
+    caps = report.prompt_caps
+    if caps is not None:
+        ratio = caps.estimate_ratio
+        out.append(
+            f'<table class="prompt-caps" data-calls="{caps.calls}" data-over="{caps.over}" '
+            f'data-refused="{caps.refused}" data-share-over="{caps.share_over:.6f}"><tr><th>capped calls</th>'
+            "<th>over the cap</th><th>refused</th><th>first_token p50 / p95 over</th>"
+            "<th>first_token p50 / p95 under</th><th>estimate / server p50</th></tr>"
+            f"<tr><td>{caps.calls}</td><td>{caps.over} ({caps.share_over:.0%})</td><td>{caps.refused}</td>"
+            f"<td>{cell(caps.first_token_over, 0.5)} / {cell(caps.first_token_over, 0.95)}</td>"
+            f"<td>{cell(caps.first_token_under, 0.5)} / {cell(caps.first_token_under, 0.95)}</td>"
+            f"<td>{'-' if ratio is None else f'{ratio.p50:.2f}x'}</td></tr></table>"
+            f'<p class="meta">Estimated by {escape(", ".join(caps.estimators) or "an unrecorded estimator")}; '
+            "first_token of the calls sent and answered.</p>"
+        )
+    if report.caches:
+        rows = "".join(
+            f'<tr class="cache" data-cache="{escape(cache.name)}" data-lookups="{cache.lookups}" '
+            f'data-hits="{cache.hits}" data-hit-rate="{cache.hit_rate:.6f}" data-saved="{cache.saved_s:.6f}">'
+            f"<td>{escape(cache.name)}</td><td>{cache.lookups}</td><td>{cache.hits} ({cache.hit_rate:.0%})</td>"
+            f"<td>{cache.errors}</td><td>{seconds(cache.saved_s)}</td>"
+            f"<td>{cell(cache.lookup, 0.5)} / {cell(cache.lookup, 0.95)}</td>"
+            f"<td>{cell(cache.with_hit, 0.5)} / {cell(cache.with_hit, 0.95)}</td>"
+            f"<td>{cell(cache.with_miss, 0.5)} / {cell(cache.with_miss, 0.95)}</td></tr>"
+            for cache in report.caches
+        )
+        out.append(
+            "<table><tr><th>cache</th><th>lookups</th><th>hits</th><th>failed</th><th>LLM time saved (estimate)</th>"
+            "<th>lookup p50 / p95</th><th>requests with a hit p50 / p95</th><th>with only misses p50 / p95</th>"
+            f'</tr>{rows}</table><p class="meta">A hit is worth the p50 of the process\'s own recent LLM calls '
+            "(of the model the lookup names); a request is the turn holding the lookup, else its trace.</p>"
+        )
+    out.append("</section>")
+    return "".join(out)
+
+
+def _server_histograms(report: Report) -> str:
+    """vLLM's own histograms (Prometheus source), per model; bounded quantiles as bounds."""
+    out = ['<section id="server-histograms"><h2>vLLM\'s own histograms</h2>']
+    for histograms in report.server_histograms:
+        rows = "".join(
+            f'<tr data-part="{escape(name)}"><td>{escape(name)}</td><td>{d.count}</td>{_quantile_cells(d)}</tr>'
+            for name, d in (
+                ("server queue", histograms.queue), ("prefill", histograms.prefill),
+                ("time to first token", histograms.time_to_first_token), ("between tokens", histograms.inter_token),
+            )
+            if d is not None
+        )  # fmt: skip
+        out.append(
+            f'<h3>model {escape(histograms.model)}</h3><table data-model="{escape(histograms.model)}"><tr><th>part</th>'
+            f"<th>count</th><th>p50</th><th>p95</th><th>p99</th></tr>{rows}</table>"
+        )
+    out.append(
+        '<p class="meta">≤ X: the quantile falls in a histogram bucket wider than the figure itself (the first '
+        "bucket, from 0, always is); interpolating inside it would invent a figure, so only the bound is "
+        "given.</p></section>"
+    )
     return "".join(out)
 
 
@@ -303,8 +385,14 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
         body.append('<p class="meta">Box: p50 to p95; tick: p99; dot: max; dashed red line: the budget.</p>')
         body.extend(_stage_chart(row) for row in report.stages)
         body.append("</section>")
+    if report.levels:
+        body.append(_levels(report))
+    if report.prompt_caps is not None or report.caches:
+        body.append(_levers(report))
     if report.server is not None:
         body.append(_server_split(report.server))
+    if report.server_histograms:
+        body.append(_server_histograms(report))
     if report.slowest:
         body.append('<section id="slowest"><h2>The slowest traces</h2>')
         for slow in report.slowest:

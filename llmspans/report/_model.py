@@ -16,6 +16,7 @@ QUANTILE_METHOD = "nearest-rank: the q-quantile of n values is the value at rank
 KIND_STAGE = "stage"
 KIND_BUCKET = "bucket"
 KIND_OTHER = "other"
+KIND_LEVEL = "level"  # a load level's calls (`llmspans load`), in comparisons
 UNMARKED = "unmarked"
 FINDING_QUEUE = "queue"
 FINDING_STALLED = "stalled_scheduler"
@@ -45,12 +46,28 @@ def rank(count: int, q: float) -> int:
 
 
 @dataclass(frozen=True)
+class Bound:
+    """A quantile read from a histogram that fell in a bucket wider than the figure itself (every
+    quantile in the first bucket, which starts at 0): interpolating inside it would invent a figure,
+    so the quantile is only known to lie between `lower` and `upper` (the value reported is `upper`)."""
+
+    quantile: str  # "p50", "p95" or "p99"
+    lower: float
+    upper: float
+
+    @property
+    def first_bucket(self) -> bool:
+        return self.lower <= 0
+
+
+@dataclass(frozen=True)
 class Distribution:
     count: int
     p50: float
     p95: float
     p99: float
     max: float | None  # None where the source cannot know it (Prometheus histograms)
+    bounds: tuple[Bound, ...] = ()  # from histograms: the quantiles that are only bounds (see `Bound`)
 
     @classmethod
     def of(cls, values: Iterable[float]) -> Distribution:
@@ -73,6 +90,13 @@ class Distribution:
 
     def at(self, q: float) -> float:
         return {0.5: self.p50, 0.95: self.p95, 0.99: self.p99}[q]
+
+    def bound(self, quantile: str) -> Bound | None:
+        """The bucket a quantile (`"p95"`) is only bounded by, None when it is a figure."""
+        for bound in self.bounds:
+            if bound.quantile == quantile:
+                return bound
+        return None
 
     @property
     def spread(self) -> float | None:
@@ -132,11 +156,31 @@ class Triage:
     notes: tuple[str, ...]
 
 
+OVER_STREAMED = "streamed calls"
+OVER_ALL = "all calls (the metrics do not tell streamed calls apart)"
+
+
 @dataclass(frozen=True)
 class Variability:
+    """first_token's spread against stream's, over the calls `over` says (`calls` of them where known):
+    the streamed calls on the span path, since a call that did not stream has its whole answer in
+    first_token and no stream."""
+
     first_token_spread: float | None
     stream_spread: float | None
     ratio: float | None  # first_token spread over stream spread
+    calls: int | None = None
+    over: str = OVER_ALL
+
+
+@dataclass(frozen=True)
+class Churn:
+    """New connections opened by one kind of call (streamed, or not), per successful call of that kind."""
+
+    calls: int
+    successful: int
+    new_connections: int
+    per_success: float | None
 
 
 @dataclass(frozen=True)
@@ -146,6 +190,12 @@ class Connections:
     new_connections: int
     per_success: float | None
     reused_final: int | None  # None where the source does not record it (Prometheus)
+    # By the kind of call that opened them; None where the source does not tell (Prometheus).
+    streamed: Churn | None = None
+    not_streamed: Churn | None = None
+    # Streamed calls whose response was closed before its body's end (the openai SDK's streamed path):
+    # each leaves the pool without its connection over HTTP/1.1. None where not recorded (Prometheus).
+    closed_before_end: int | None = None
 
 
 @dataclass(frozen=True)
@@ -177,14 +227,37 @@ class LimiterRow:
     queue_depth_on_entry: Distribution | None  # None from Prometheus (the gauges are sampled, not per call)
 
 
+CALLS_ALL = "all"
+CALLS_STREAMED = "streamed"
+CALLS_NOT_STREAMED = "not_streamed"
+
+
+@dataclass(frozen=True)
+class SplitRow:
+    """One labelled row of the server split: a part of `bucket` (`first_token` or `stream`) over the calls
+    `calls` names (`all`, `streamed`, `not_streamed`); `part` is `client` for the bucket itself."""
+
+    bucket: str
+    part: str
+    label: str
+    calls: str
+    values: Distribution
+    derived: bool
+
+
 @dataclass(frozen=True)
 class ServerSplit:
     """vLLM's view of the calls whose traces hold its `llm_request` span (see `_server.py`).
 
-    `first_token` splits into `server_queue`, `prefill`, `server_front_end` and `network_and_client`
-    (`network_other` is the last two together); a streamed call's `stream` into `server_decode` and
-    `stream_network_and_client`. `engines` says which of vLLM's engines made the spans (`newer`: 0.11 and
-    later; `older`: 0.8.5 to 0.10.x with tracing) and `notes` what was derived rather than read.
+    `rows` is the split as printed, every part labelled: first_token (client) into server queue, prefill,
+    the server's front end, the server's decode (calls that did not stream: their whole answer is in
+    first_token) and network and client; a streamed call's stream into the server's decode and network
+    and client. The flat fields are the same figures as before the rows existed: `first_token`,
+    `server_queue`, `prefill`, `server_front_end` and `network_and_client` over all calls
+    (`network_other` is first_token less queue and prefill: front end, network and client, and the
+    decode of calls that did not stream), `stream`, `server_decode` and `stream_network_and_client` over
+    the streamed ones. `engines` says which of vLLM's engines made the spans (`newer`: 0.11 and later;
+    `older`: 0.8.5 to 0.10.x with tracing) and `notes` what was derived rather than read.
     """
 
     calls: int
@@ -200,6 +273,7 @@ class ServerSplit:
     stream_network_and_client: Distribution | None = None
     engines: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    rows: tuple[SplitRow, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -278,6 +352,62 @@ class Exemplar:
 
 
 @dataclass(frozen=True)
+class LevelRow:
+    """The calls `llmspans load` made at one level (`llmspans.load.level`) of one run: their durations,
+    each bucket's p95, and the bucket largest at p95. `label` is the level, with the run when the input
+    holds several runs."""
+
+    label: str
+    run_id: str
+    level: str
+    calls: int
+    failed: int
+    durations: Distribution
+    buckets_p95: dict[str, float]
+    dominant: str
+
+
+@dataclass(frozen=True)
+class PromptCaps:
+    """The calls of clients with a prompt cap (`max_prompt_tokens`): how many were over it and how many it
+    refused (`on_exceed="error"`); the first_token of the calls sent over the cap and answered, against
+    those under it (the prefill cost of long prompts); the estimate over the server's input tokens."""
+
+    calls: int
+    over: int
+    refused: int
+    first_token_over: Distribution | None
+    first_token_under: Distribution | None
+    estimate_ratio: Distribution | None  # a ratio, not seconds; calls whose server reported input tokens
+    estimators: tuple[str, ...]
+
+    @property
+    def share_over(self) -> float:
+        return self.over / self.calls if self.calls else 0.0
+
+
+@dataclass(frozen=True)
+class CacheRow:
+    """One cache's lookups: hits, the LLM time the hits saved (the sum of their estimates, each the p50 of
+    the process's own recent calls), the lookups' own time, and the requests (the turn holding the lookup,
+    else its trace) that had a hit against those that had only misses."""
+
+    name: str
+    lookups: int
+    hits: int
+    errors: int
+    saved_s: float
+    hits_estimated: int
+    lookup: Distribution | None  # None from Prometheus (one histogram for every cache's lookups)
+    with_hit: Distribution | None  # None from Prometheus (metrics do not join lookups to requests)
+    with_miss: Distribution | None
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+@dataclass(frozen=True)
 class Report:
     sources: tuple[str, ...]
     skipped: tuple[SkippedLine, ...]
@@ -301,6 +431,9 @@ class Report:
     exemplars: tuple[Exemplar, ...] = ()
     server_pressure: ServerPressure | None = None
     server_histograms: tuple[ServerHistograms, ...] = ()
+    levels: tuple[LevelRow, ...] = ()  # calls made by `llmspans load`, per level
+    prompt_caps: PromptCaps | None = None  # the levers (README "Levers"), where the app used them
+    caches: tuple[CacheRow, ...] = ()
     # The sorted samples behind each stage, bucket and part (seconds), for comparisons; not in the JSON.
     samples: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -309,14 +442,38 @@ class Report:
         return self.quantile_method != QUANTILE_METHOD
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data (the `--json` document)."""
+        """Plain JSON-ready data (the `--json` document). A distribution lists `bounds` only when it has
+        some (quantiles from histograms that are only bounds; see `Bound`)."""
         data = asdict(replace(self, samples={}))
         data.pop("samples")
         if not self.server_gauges and not self.exemplars:
             data.pop("server_gauges")
             data.pop("exemplars")
+        if not self.levels:
+            data.pop("levels")
+        if self.prompt_caps is None:
+            data.pop("prompt_caps")
+        else:
+            data["prompt_caps"]["share_over"] = self.prompt_caps.share_over
+        if not self.caches:
+            data.pop("caches")
+        else:
+            for row, cache in zip(data["caches"], self.caches, strict=True):
+                row["hit_rate"] = cache.hit_rate
         data["parts"] = [{**asdict(part), "label": part.label} for part in self.parts]
+        _drop_empty_bounds(data)
         return data
+
+
+def _drop_empty_bounds(data: Any) -> None:
+    if isinstance(data, dict):
+        if "bounds" in data and not data["bounds"] and "p95" in data:
+            del data["bounds"]
+        for value in data.values():
+            _drop_empty_bounds(value)
+    elif isinstance(data, (list, tuple)):
+        for value in data:
+            _drop_empty_bounds(value)
 
 
 @dataclass(frozen=True)
@@ -333,3 +490,17 @@ def format_seconds(value: float) -> str:
     if value >= 0.01:
         return f"{value * 1e3:.0f} ms"
     return f"{value * 1e3:.1f} ms"
+
+
+def format_quantile(distribution: Distribution, quantile: str, *, short: bool = False) -> str:
+    """A quantile (`"p95"`) as the report prints it: the figure, or for one that is only bounded by its
+    histogram bucket `≤ 300 ms (first bucket)` (`≤ 300 ms` in a table cell, `short`)."""
+    value = {"p50": distribution.p50, "p95": distribution.p95, "p99": distribution.p99}[quantile]
+    bound = distribution.bound(quantile)
+    if bound is None:
+        return format_seconds(value)
+    if short:
+        return f"≤ {format_seconds(bound.upper)}"
+    if bound.first_bucket:
+        return f"≤ {format_seconds(bound.upper)} (first bucket)"
+    return f"≤ {format_seconds(bound.upper)} (bucket from {format_seconds(bound.lower)})"

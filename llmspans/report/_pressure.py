@@ -1,11 +1,13 @@
 """The vLLM server's pressure signals across a run, from what the sampler stamped on each call span.
 
-`llmspans.vllm.ServerMetrics` stamps a call span at admission with the server's state: waiting and
+`llmspans.vllm.ServerMetrics` stamps a call span as it ends with the server's state: waiting and
 running requests, KV-cache usage, the preemption rate and the prefix-cache hit ratio over the last
-sampling interval (docs/telemetry.md says which release provides which). Read in the order the calls
-started, they tell the triage apart what first_token alone cannot: a server out of KV cache
-(preempting), a queue that is on the server rather than in the client, prompts that stopped sharing
-a prefix. Each trend compares the first half of the run's calls with the second.
+sampling interval (docs/telemetry.md says which release provides which), and the most requests waiting
+in any read taken while the call waited for its first token. Read in the order the calls started, they
+tell the triage apart what first_token alone cannot: a server out of KV cache (preempting), a queue
+that is on the server rather than in the client, prompts that stopped sharing a prefix. Each trend
+compares the first half of the run's calls with the second; a call's waiting requests are those seen
+while it waited when a read was taken then, else the freshest sample at its end.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class PressureCollector:
         attributes = call.attributes
         for key in _SIGNALS:
             value = attributes.get(key)
+            if key == names.VLLM_NUM_REQUESTS_WAITING:
+                value = attributes.get(names.VLLM_NUM_REQUESTS_WAITING_MAX, value)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.samples[key].append((call.start_ns, float(value)))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
@@ -47,6 +48,9 @@ REPORTED_ATTRIBUTES = frozenset({
     names.GEN_AI_LATENCY_E2E, names.GEN_AI_LATENCY_TIME_IN_SCHEDULER, names.GEN_AI_LATENCY_TIME_IN_MODEL_FORWARD,
     names.GEN_AI_LATENCY_TIME_IN_MODEL_EXECUTE, names.GEN_AI_REQUEST_STREAM, names.VLLM_KV_CACHE_USAGE,
     names.VLLM_PREEMPTION_RATE, names.VLLM_NUM_REQUESTS_WAITING, names.VLLM_PREFIX_CACHE_HIT_RATIO,
+    names.LOAD_LEVEL, names.LOAD_RUN_ID, names.PROMPT_OVER_CAP, names.PROMPT_ESTIMATE_RATIO, names.PROMPT_ESTIMATOR,
+    names.CACHE_NAME, names.CACHE_HIT, names.CACHE_SAVED_ESTIMATE,
+    names.VLLM_NUM_REQUESTS_WAITING_MAX, names.STREAM_CLOSED_BEFORE_END,
 })  # fmt: skip
 REPORTED_EVENTS = frozenset({names.EVENT_ADMITTED})
 
@@ -336,10 +340,58 @@ def _shape_problem(text: bytes | str, error: msgspec.ValidationError | None) -> 
 
 
 def spans_of_readable(spans: Sequence[Any]) -> list[Span]:
-    """SDK spans held in memory (`ReadableSpan`), through the same OTLP-JSON encoding the embedded
-    default writes."""
-    from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
+    """SDK spans held in memory (`ReadableSpan`), read as the embedded default's OTLP-JSON encoding of them
+    would be (tests/test_report.py holds the two equal), without encoding them: the load tool reads every
+    span of every level this way."""
+    out: list[Span] = []
+    resources: dict[int, tuple[str, str]] = {}
+    for span in spans:
+        resource = span.resource
+        names_of = resources.get(id(resource))
+        if names_of is None:
+            attributes_of = resource.attributes if resource is not None else {}
+            service = str(attributes_of.get(SERVICE_NAME, "unknown_service"))
+            names_of = resources[id(resource)] = (
+                service,
+                str(attributes_of.get(SERVICE_INSTANCE_ID, service)),
+            )
+        out.append(_readable(span, *names_of))
+    return out
 
-    if not spans:
-        return []
-    return spans_of_document(encode_spans(spans).to_dict()) or []
+
+def _readable(span: Any, service: str, process: str) -> Span:
+    given = span.attributes or {}
+    attributes: dict[str, Any] = {key: _plain(given[key]) for key in REPORTED_ATTRIBUTES.intersection(given)}
+    stage = attributes.get(names.STAGE)
+    context, parent = span.context, span.parent
+    start, end = span.start_time or 0, span.end_time or 0
+    status = span.status
+    return Span(
+        f"{context.trace_id if context else 0:032x}",
+        f"{context.span_id if context else 0:016x}",
+        f"{parent.span_id:016x}" if parent is not None else None,
+        span.name,
+        span.kind.value + 1,  # the SDK counts kinds from INTERNAL = 0; OTLP from UNSPECIFIED = 0
+        start,
+        end,
+        attributes,
+        tuple(Event(event.name, event.timestamp) for event in span.events if event.name in REPORTED_EVENTS),
+        status is not None and status.status_code.value == _STATUS_ERROR,
+        service,
+        process,
+        stage if isinstance(stage, str) else None,
+        max(0, end - start),
+        _buckets_ns(attributes) if stage == names.STAGE_LLM else (),
+    )
+
+
+def _plain(value: Any) -> Any:
+    """An SDK attribute value as OTLP JSON carries it to the report: sequences as lists, nothing else kept
+    but strings, booleans and numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # as JSON has no such number
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, bytes):
+        return [_plain(item) for item in value]
+    return None

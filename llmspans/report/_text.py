@@ -3,19 +3,27 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Iterable, Sequence
 
 from llmspans.report._compare import Comparison
-from llmspans.report._model import Distribution, Report, part_label
+from llmspans.report._model import Distribution, Report, format_quantile, part_label
 from llmspans.report._model import format_seconds as seconds
 
 WIDTH = 100
 _QUANTILE_HEADERS = ("count", "p50", "p95", "p99", "max")
 
 
+_FIGURE = re.compile(r"(\d) (ms|s)\b")
+_KEEP = "\u00a0"  # textwrap breaks lines at ASCII whitespace only
+
+
 def _wrap(text: str, indent: str = "  ") -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    """Lines of at most WIDTH; a figure and its unit stay on one line."""
+    kept = _FIGURE.sub(rf"\1{_KEEP}\2", text)
+    lines = textwrap.wrap(kept, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    return [line.replace(_KEEP, " ") for line in lines]
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], first_width: int = 30) -> list[str]:
@@ -36,11 +44,27 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], first_width: i
 def _quantiles(distribution: Distribution) -> list[str]:
     return [
         str(distribution.count),
-        seconds(distribution.p50),
-        seconds(distribution.p95),
-        seconds(distribution.p99),
+        format_quantile(distribution, "p50", short=True),
+        format_quantile(distribution, "p95", short=True),
+        format_quantile(distribution, "p99", short=True),
         "n/a" if distribution.max is None else seconds(distribution.max),
     ]
+
+
+def _bounds_note(distributions: Iterable[Distribution | None]) -> list[str]:
+    """Under a table with quantiles that are only bounds: what `≤` means there."""
+    bounds = [bound for d in distributions if d is not None for bound in d.bounds]
+    if not bounds:
+        return []
+    if all(bound.first_bucket for bound in bounds):
+        where = "the histogram's first bucket (from 0)"
+    else:
+        where = "a histogram bucket wider than the figure itself (the first bucket, from 0, always is)"
+    return _wrap(
+        f"≤ X: the quantile falls in {where}; interpolating inside it would invent a figure, so only the "
+        "bucket's upper bound is given",
+        "  ",
+    )
 
 
 def _cut(text: str, width: int) -> str:
@@ -69,6 +93,9 @@ def _server_histograms(report: Report) -> list[str]:
             if distribution is not None
         ]  # fmt: skip
         out += _table(["part", *_QUANTILE_HEADERS], rows)
+        out += _bounds_note(
+            (histograms.queue, histograms.prefill, histograms.time_to_first_token, histograms.inter_token)
+        )
     return out
 
 
@@ -108,6 +135,7 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
         exceeded = "-" if row.budget is None else f"{row.exceeded}/{row.budgeted}"
         rows.append([row.stage, *_quantiles(row.durations), budget, exceeded])
     out += _table(["stage", *_QUANTILE_HEADERS, "budget", "exceeded"], rows)
+    out += _bounds_note(row.durations for row in report.stages)
     if any(row.budget_varies for row in report.stages):
         out.append(
             "  * budgets differ between spans; the most common one is shown, each span counted against its own"
@@ -120,6 +148,7 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             ["bucket", *_QUANTILE_HEADERS, "of p95"],
             ([row.bucket, *_quantiles(row.values), f"{row.share_p95:.0%}"] for row in report.buckets),
         )
+        out += _bounds_note(row.values for row in report.buckets)
 
     if report.parts:
         out.append("")
@@ -129,22 +158,45 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             (
                 [
                     part.label,
-                    seconds(part.per_trace.p50),
-                    seconds(part.per_trace.p95),
-                    seconds(part.per_trace.p99),
+                    format_quantile(part.per_trace, "p50", short=True),
+                    format_quantile(part.per_trace, "p95", short=True),
+                    format_quantile(part.per_trace, "p99", short=True),
                 ]
                 for part in report.parts
             ),
         )
 
+    if report.levels:
+        out.append("")
+        out.append("Load levels (calls made by llmspans load): call duration, and each bucket's p95")
+        out += _table(
+            ["level", "calls", "failed", "p50", "p95", "queue", "first_tok", "stream", "dominant"],
+            (
+                [row.label, str(row.calls), str(row.failed), seconds(row.durations.p50), seconds(row.durations.p95),
+                 seconds(row.buckets_p95["queue"]), seconds(row.buckets_p95["first_token"]),
+                 seconds(row.buckets_p95["stream"]), row.dominant]
+                for row in report.levels
+            ),
+            first_width=22,
+        )  # fmt: skip
+
     if report.llm_calls:
         out.append("")
         variability = report.variability
-        out += _wrap(
-            f"TTFT vs stream variability (p95/p50): first_token {_ratio(variability.first_token_spread)}, "
-            f"stream {_ratio(variability.stream_spread)}; first_token varies {_ratio(variability.ratio)} as much",
-            "",
+        over = (
+            f"over the {variability.calls} {variability.over}"
+            if variability.calls is not None
+            else f"over {variability.over}"
         )
+        if variability.calls == 0:
+            out += _wrap("TTFT vs stream variability: no streamed calls to compare", "")
+        else:
+            out += _wrap(
+                f"TTFT vs stream variability {over} (p95/p50): first_token "
+                f"{_ratio(variability.first_token_spread)}, stream {_ratio(variability.stream_spread)}; "
+                f"first_token varies {_ratio(variability.ratio)} as much",
+                "",
+            )
         connections = report.connections
         churn = f"{connections.per_success:.2f}" if connections.per_success is not None else "n/a"
         reused = (
@@ -152,9 +204,15 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             if connections.reused_final is not None
             else ""
         )
+        by_kind = [
+            f"{name} {kind.per_success:.2f} ({kind.new_connections} new, {kind.successful} successful)"
+            for name, kind in (("streamed", connections.streamed), ("non-streamed", connections.not_streamed))
+            if kind is not None and kind.per_success is not None
+        ]
+        kinds = f"; by the calls that opened them: {', '.join(by_kind)}" if by_kind else ""
         out += _wrap(
             f"Connection churn: {churn} new connections per successful call ({connections.new_connections} new, "
-            f"{connections.successful} successful calls{reused})",
+            f"{connections.successful} successful calls{reused}){kinds}",
             "",
         )
         retries = report.retries
@@ -190,38 +248,30 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             "",
         )
 
+    out += _levers(report)
+
     server = report.server
     if server is not None:
         out.append("")
         engines = f"; vLLM's {' and '.join(server.engines)} engine" if server.engines else ""
-        out.append(f"first_token split by the server's llm_request spans ({server.calls} calls{engines})")
-        rows = [
-            ["first_token (client)", *_quantiles(server.first_token)],
-            ["server queue", *_quantiles(server.server_queue)],
-            ["prefill", *_quantiles(server.prefill)],
-        ]
-        if server.server_front_end is not None and server.network_and_client is not None:
-            rows += [
-                ["server front end", *_quantiles(server.server_front_end)],
-                ["network and client", *_quantiles(server.network_and_client)],
-            ]
-        else:
-            rows.append(["network/other", *_quantiles(server.network_other)])
-        out += _table(["part", *_QUANTILE_HEADERS], rows)
-        if (
-            server.stream is not None
-            and server.server_decode is not None
-            and server.stream_network_and_client
-        ):
+        kinds = (
+            f": {server.streamed_calls} streamed, {server.calls - server.streamed_calls} not"
+            if 0 < server.streamed_calls < server.calls
+            else ""
+        )
+        out.append(
+            f"first_token split by the server's llm_request spans ({server.calls} calls{kinds}{engines})"
+        )
+        out += _table(
+            ["part", *_QUANTILE_HEADERS],
+            ([row.label, *_quantiles(row.values)] for row in server.rows if row.bucket == "first_token"),
+        )
+        stream_rows = [row for row in server.rows if row.bucket == "stream"]
+        if stream_rows:
             out.append("")
             out.append(f"stream split by the same spans ({server.streamed_calls} streamed calls)")
             out += _table(
-                ["part", *_QUANTILE_HEADERS],
-                (
-                    ["stream (client)", *_quantiles(server.stream)],
-                    ["server decode", *_quantiles(server.server_decode)],
-                    ["network and client", *_quantiles(server.stream_network_and_client)],
-                ),
+                ["part", *_QUANTILE_HEADERS], ([row.label, *_quantiles(row.values)] for row in stream_rows)
             )
         for note in server.notes:
             out += _wrap(f"note: {note}", "")
@@ -258,6 +308,58 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
     if comparison is not None:
         out += _comparison(comparison)
     return "\n".join(out) + "\n"
+
+
+def _levers(report: Report) -> list[str]:
+    """What the prompt caps and caches did (README "Levers"), a paragraph each after one blank line."""
+    out: list[str] = []
+    caps = report.prompt_caps
+    if caps is not None:
+        refused = f", {caps.refused} of them refused before sending" if caps.refused else ""
+        text = f"Prompt caps: {caps.over} of {caps.calls} capped calls over the cap ({caps.share_over:.0%}){refused}"
+        over, under = caps.first_token_over, caps.first_token_under
+        if over is not None and under is not None:
+            text += (
+                f"; first_token p95 {seconds(over.p95)} over the cap ({over.count} answered) against "
+                f"{seconds(under.p95)} under it ({under.count}), p50 {seconds(over.p50)} against {seconds(under.p50)}"
+            )
+        elif over is not None:
+            text += (
+                f"; first_token p95 {seconds(over.p95)} over the cap ({over.count} answered), none under it"
+            )
+        elif under is not None:
+            text += (
+                f"; first_token p95 {seconds(under.p95)} under the cap ({under.count} answered), none over it"
+            )
+        ratio = caps.estimate_ratio
+        if ratio is not None:
+            text += (
+                f"; the estimate against the server's input tokens p50 {ratio.p50:.2f}x, p95 {ratio.p95:.2f}x "
+                f"({', '.join(caps.estimators) or 'estimator not recorded'})"
+            )
+        out += _wrap(text, "")
+    for cache in report.caches:
+        failed = f", {cache.errors} failed" if cache.errors else ""
+        text = f"Cache '{cache.name}': {cache.hits} of {cache.lookups} lookups hit ({cache.hit_rate:.0%}){failed}"
+        if cache.hits:
+            text += (
+                f"; saved about {seconds(cache.saved_s)} of LLM time ({cache.hits_estimated} of {cache.hits} hits "
+                "with an estimate: the p50 of the process's own recent calls)"
+            )
+        if cache.lookup is not None:
+            text += f"; lookups p50 {seconds(cache.lookup.p50)}, p95 {seconds(cache.lookup.p95)}"
+        hit, miss = cache.with_hit, cache.with_miss
+        if hit is not None and miss is not None:
+            text += (
+                f"; requests with a hit p50 {seconds(hit.p50)}, p95 {seconds(hit.p95)} ({hit.count}) against p50 "
+                f"{seconds(miss.p50)}, p95 {seconds(miss.p95)} with only misses ({miss.count})"
+            )
+        elif hit is not None or miss is not None:
+            only, which = (hit, "a hit") if hit is not None else (miss, "only misses")
+            assert only is not None
+            text += f"; requests with {which} p50 {seconds(only.p50)}, p95 {seconds(only.p95)} ({only.count})"
+        out += _wrap(text, "")
+    return ["", *out] if out else []
 
 
 def _number(value: float | None) -> str:

@@ -15,11 +15,13 @@ from llmspans.report._model import (
     KIND_BUCKET,
     KIND_OTHER,
     KIND_STAGE,
+    OVER_ALL,
     UNMARKED,
     BucketRow,
     Connections,
     LimiterRow,
     Part,
+    PromptCaps,
     Retries,
     ServerHistograms,
     ServerPressure,
@@ -27,8 +29,13 @@ from llmspans.report._model import (
     StageRow,
     Triage,
     Variability,
+    format_quantile,
     format_seconds,
 )
+
+# What `cause_of` names a first_token part when the server's pressure says where the wait is.
+FINDING_MEMORY_BOUND = "memory_bound"
+FINDING_SERVER_QUEUE = "server_queue"
 
 # A limiter whose backlog time is at least this share in gap reads as a stalled scheduler.
 STALL_GAP_FRACTION = 0.25
@@ -44,15 +51,29 @@ KV_CACHE_NEAR_FULL = 0.9
 WAITING_RISE = 1.0
 # Prefix-cache hits "fall" by at least this share.
 PREFIX_HITS_FALL = 0.2
+# Calls over the prompt cap "wait longer for their first token" at this p95 over the rest's, or more.
+OVER_CAP_SLOWER = 1.5
+# New connections per successful call above which churn is worth a note.
+CHURN = 0.5
 
 
 def variability_of(buckets: Sequence[BucketRow]) -> Variability:
-    """How much more first_token's tail stretches (p95/p50) than stream's."""
+    """How much more first_token's tail stretches (p95/p50) than stream's, over every call the bucket rows
+    hold (the Prometheus path, whose histograms do not tell streamed calls apart; the span path compares
+    the streamed calls alone, `_analysis`)."""
     by_name = {row.bucket: row.values for row in buckets}
     first = by_name["first_token"].spread if "first_token" in by_name else None
     stream = by_name["stream"].spread if "stream" in by_name else None
     ratio = first / stream if first is not None and stream is not None and stream > 0 else None
-    return Variability(first, stream, ratio)
+    return Variability(first, stream, ratio, over=OVER_ALL)
+
+
+def _varies(variability: Variability) -> str:
+    """`varies 3.6x more than stream (over its 12 streamed calls)`, as the advice says it."""
+    over = (
+        f"the {variability.calls} {variability.over}" if variability.calls is not None else variability.over
+    )
+    return f"varies {variability.ratio:.1f}x more than stream (over {over})"
 
 
 def _causes_text(causes: Mapping[str, int]) -> str:
@@ -144,17 +165,12 @@ def _rule(part: Part, figures: Figures) -> tuple[str, str, str]:
         )
     if name == "first_token":
         varies = (
-            f" and varies {variability.ratio:.1f}x more than stream"
+            f" and {_varies(variability)}"
             if variability.ratio is not None and variability.ratio >= VARIES_MORE
             else ""
         )
         server = figures.server
-        split = (
-            f" (server side at p95: queue {format_seconds(server.server_queue.p95)}, prefill "
-            f"{format_seconds(server.prefill.p95)}, network/other {format_seconds(server.network_other.p95)})"
-            if server is not None
-            else _from_histograms(figures.histograms)
-        )
+        split = _server_side(server) if server is not None else _from_histograms(figures.histograms)
         bound = memory_bound(figures.pressure)
         if bound is not None:
             return (
@@ -171,6 +187,16 @@ def _rule(part: Part, figures: Figures) -> tuple[str, str, str]:
             (f"look at server queueing, connection reuse and prompt length{split}"),
         )
     if name == "stream":
+        bound = memory_bound(figures.pressure)
+        if bound is not None:
+            return (
+                name,
+                f"stream dominates and the server is memory-bound ({bound})",
+                (
+                    "the server is out of KV cache and preempts running requests, which stall mid-stream while "
+                    "they are computed again: more replicas, shorter contexts or a larger KV cache"
+                ),
+            )
         return name, "stream dominates", "decode speed (quantisation, kernels, speculative decoding)"
     return (
         name,
@@ -188,12 +214,28 @@ class Figures:
     server: ServerSplit | None
     pressure: ServerPressure | None = None
     histograms: tuple[ServerHistograms, ...] = ()
+    prompt_caps: PromptCaps | None = None
+
+
+def _server_side(server: ServerSplit) -> str:
+    """first_token's parts at p95 from the server spans, every row named as the split table names it."""
+    if not server.rows:  # a split made before the rows existed
+        return (
+            f" (server side at p95: queue {format_seconds(server.server_queue.p95)}, prefill "
+            f"{format_seconds(server.prefill.p95)}, network/other {format_seconds(server.network_other.p95)})"
+        )
+    parts = ", ".join(
+        f"{row.label} {format_seconds(row.values.p95)}"
+        for row in server.rows
+        if row.bucket == "first_token" and row.part != "client"
+    )
+    return f" (server side at p95: {parts})"
 
 
 def _from_histograms(histograms: tuple[ServerHistograms, ...]) -> str:
     """The server's own queue and prefill at p95 from vLLM's histograms, when no server span split it."""
     said = [
-        f"{h.model}: queue {format_seconds(h.queue.p95)}, prefill {format_seconds(h.prefill.p95)}"
+        f"{h.model}: queue {format_quantile(h.queue, 'p95')}, prefill {format_quantile(h.prefill, 'p95')}"
         for h in histograms
         if h.queue is not None and h.prefill is not None
     ]
@@ -244,17 +286,24 @@ def _notes(dominant: Part, parts: Sequence[Part], figures: Figures) -> list[str]
         and first_token.per_trace.p95 >= 0.25 * dominant.per_trace.p95
     ):
         notes.append(
-            f"first_token varies {ratio:.1f}x more than stream: look at server queueing, connection reuse "
+            f"first_token {_varies(figures.variability)}: look at server queueing, connection reuse "
             "and prompt length"
         )
+    note = _long_prompts(figures.prompt_caps)
+    if (
+        note is not None
+        and first_token is not None
+        and first_token.per_trace.p95 >= 0.25 * dominant.per_trace.p95
+    ):
+        notes.append(note)
     queue = by_key.get((KIND_BUCKET, "queue"))
     queue_small = (
         queue is None or first_token is None or queue.per_trace.p95 <= 0.1 * first_token.per_trace.p95
     )
     notes += _pressure_notes(figures.pressure, queue_small)
     churn = figures.connections.per_success
-    if dominant.name != "connect" and churn is not None and churn > 0.5:
-        notes.append(f"connection churn: {churn:.2f} new connections per successful call; reuse connections")
+    if dominant.name != "connect" and churn is not None and churn > CHURN:
+        notes.append(_churn_note(figures.connections, churn))
     per_success = figures.retries.attempts_per_success
     if dominant.name != "retry" and per_success is not None and per_success >= 1.2:
         notes.append(f"retry amplification: {per_success:.2f} attempts per success; check retry budgets")
@@ -269,6 +318,78 @@ def _notes(dominant: Part, parts: Sequence[Part], figures: Figures) -> list[str]
                 "backlog (a stalled scheduler)"
             )
     return notes
+
+
+def _long_prompts(caps: PromptCaps | None) -> str | None:
+    """The prefill cost of long prompts, where a prompt cap measured it."""
+    if caps is None or caps.first_token_over is None or caps.first_token_under is None:
+        return None
+    over, under = caps.first_token_over.p95, caps.first_token_under.p95
+    if under <= 0 or over < OVER_CAP_SLOWER * under:
+        return None
+    return (
+        f"calls over the prompt cap waited {over / under:.1f}x longer for their first token at p95 "
+        f"({format_seconds(over)} against {format_seconds(under)}): long prompts cost prefill; shorten them "
+        "(summarise the history, trim retrieval) or refuse them with on_exceed='error'"
+    )
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What the triage rules say of one part, whether or not it dominates (`llmspans load` asks it of the
+    part that grew at the knee): the finding, what was seen, the advice, and the server-pressure notes."""
+
+    finding: str
+    seen: str
+    advice: str
+    notes: tuple[str, ...]
+
+
+def cause_of(part: Part, figures: Figures) -> Cause:
+    """The rule for `part` with these figures. A first_token or stream part is named by the server's
+    pressure when it says where the wait is: `memory_bound` (KV cache full and preempting: new requests
+    wait, running ones are preempted mid-stream), and for first_token `server_queue` (vLLM's waiting
+    requests rose while the client's queue did not); otherwise the part's own name."""
+    finding, seen, advice = _rule(part, figures)
+    notes = tuple(_pressure_notes(figures.pressure, part.name != "queue"))
+    pressure = figures.pressure
+    if (
+        part.kind == KIND_BUCKET
+        and part.name in ("first_token", "stream")
+        and memory_bound(pressure) is not None
+    ):
+        finding = FINDING_MEMORY_BOUND
+    elif (
+        part.kind == KIND_BUCKET
+        and part.name == "first_token"
+        and (
+            pressure is not None
+            and pressure.waiting_before is not None
+            and pressure.waiting_after is not None
+            and pressure.waiting_after >= pressure.waiting_before + WAITING_RISE
+        )
+    ):
+        finding = FINDING_SERVER_QUEUE
+    return Cause(finding, seen, advice, notes)
+
+
+def _churn_note(connections: Connections, churn: float) -> str:
+    """Connection churn, and where it comes from when streamed calls closed before their body's end brought
+    it: the openai SDK's own streamed path, which reusing the client does not change (docs/report.md)."""
+    said = f"connection churn: {churn:.2f} new connections per successful call"
+    closed = connections.closed_before_end
+    streamed = connections.streamed
+    if not closed or streamed is None:
+        return f"{said}; reuse connections"
+    rest = connections.new_connections - closed
+    advice = "reusing the client does not change that" + (
+        "" if rest <= 1 else "; for the rest, reuse connections"
+    )
+    return (
+        f"{said}; {closed} of {streamed.calls} streamed calls closed their response before the body's end (the "
+        "openai SDK stops reading at `data: [DONE]` and closes it; vLLM sends the body's end after that), so "
+        f"over HTTP/1.1 each left the pool without its connection and a later call opened one: {advice}"
+    )
 
 
 def triage(parts: Sequence[Part], stages: Sequence[StageRow], figures: Figures) -> Triage | None:

@@ -3,7 +3,19 @@
 Pure arithmetic for the report (no I/O, no report imports): `split()` takes the server span's
 attributes and the client's buckets for the same call and returns the parts of each bucket. The
 last part of each bucket is the residual (network and client), so the parts add up to the bucket
-exactly; it can come out a few microseconds negative when the two clocks' readings straddle.
+exactly.
+
+The figures come from three clocks (docs/report.md, "The server split", has the measured figures):
+the client's buckets from its monotonic clock at the moments bytes arrived; vLLM's `time_to_first_token`
+and `e2e` from its front end's wall clock, from the request's arrival to the moment the front end
+handled the first (last) token; its queue, prefill and decode from its engine's monotonic clock, at the
+moments the engine scheduled the request and produced the tokens. first_token's residual compares the
+client with the front end over an interval the client's contains (`first_token - time_to_first_token`;
+for a call that did not stream `first_token - e2e`), so it is never below zero by more than the wall
+clock's drift. The stream's residual compares the client's first-to-last chunk with the engine's
+first-to-last token: it is the last token's delay from engine to client minus the first token's, and
+goes negative when the first token reached the client late (vLLM's front end busy) and the rest
+caught up.
 
 Both of vLLM's engines are handled. From 0.11 the newer engine's span has prefill and decode, and
 its queue time runs from when the engine queued the request, so the server's front end
@@ -74,7 +86,9 @@ class ServerSplit:
     """One call's buckets split with its server span.
 
     `first_token` lists server queue, prefill, the server's front end and network and client (for a
-    call that did not stream, the server's decode too, before network and client); `stream`
+    call that did not stream, the server's decode too, before network and client, and the front end
+    is then everything from the arrival to the last token's handling that the engine did not spend
+    queueing, prefilling or decoding); `stream`
     lists the server's decode and what the network and the client's reading added, and is empty
     for a call that did not stream or a span without what decode needs. `time_in_scheduler`,
     `time_in_model_forward` and `time_in_model_execute` are the older engine's extra figures (the
@@ -143,7 +157,12 @@ def split(server: Mapping[str, Any], buckets: Mapping[str, float], *, streamed: 
         notes.append(NOTE_DECODE_DERIVED)
     stream_parts: list[Part] = []
     if not streamed and decode_part is not None:
-        parts.append(decode_part)  # the whole answer arrived at once: decode is inside first_token
+        # The whole answer arrived at once: decode is inside first_token, and the front end's own time
+        # runs to the last token's handling (e2e), which the body's arrival comes after.
+        if e2e is not None and engine == ENGINE_NEWER:
+            engine_time = parts[0].seconds + parts[1].seconds + decode_part.seconds
+            parts[2] = Part(SERVER_FRONT_END, e2e - engine_time, derived=True)
+        parts.append(decode_part)
     elif streamed and decode_part is not None:
         stream_parts = [decode_part, Part(NETWORK_AND_CLIENT, stream - decode_part.seconds, derived=True)]
     parts.append(Part(NETWORK_AND_CLIENT, first_token - sum(part.seconds for part in parts), derived=True))

@@ -145,8 +145,13 @@ class RecordedRequest:
     status: int | None = None
     headers_sent_ns: int | None = None
     chunk_sent_ns: list[int] = field(default_factory=list)
+    # When each content chunk was due: its write began no earlier, so no client can have read it before.
+    chunk_due_ns: list[int] = field(default_factory=list)
     finished_ns: int | None = None
     raw_body: bytes = field(default=b"", repr=False)  # as received, for bodies that are not JSON
+    # How late the latest-waking of this answer's timed writes woke (its own stamp minus the time it
+    # was due): how much a busy machine delayed the threads of this very exchange, for tests to allow.
+    late_ns: int = 0
 
 
 class _Drop(Exception):
@@ -599,6 +604,10 @@ class Exchange:
         remaining = deadline_ns - time.perf_counter_ns()
         if (remaining > 0 and self._stopping.wait(remaining / 1e9)) or self._stopping.is_set():
             raise _Drop
+        if remaining > 0:
+            late = time.perf_counter_ns() - deadline_ns
+            if late > self.rec.late_ns:
+                self.rec.late_ns = late
 
     def drop(self) -> None:
         self.rec.finished_ns = time.perf_counter_ns()
@@ -648,6 +657,7 @@ class Exchange:
             if i == b.drop_after:
                 self.drop()
             frame = content(i)
+            rec.chunk_due_ns.append(deadline)
             self.wait_until(deadline)
             sock.sendall(frame)
             now = time.perf_counter_ns()

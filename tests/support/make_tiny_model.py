@@ -1,11 +1,13 @@
 """Build a tiny, randomly initialised Llama chat model for tests that need a real inference server.
 
-Usage: python make_tiny_model.py OUTPUT_DIR   (run it with the `tserve` venv's python)
+Usage: python make_tiny_model.py [--hidden-size N] OUTPUT_DIR   (run it with the `tserve` venv's python)
 
 Nothing is downloaded: the BPE tokenizer is trained on text this script generates, the weights are random.
-The result (about 0.5 MB) is meant for `transformers serve OUTPUT_DIR`:
+The result (about 0.5 MB) is meant for `transformers serve OUTPUT_DIR`; with `--hidden-size 256` (about
+6 MB) for vLLM, whose CPU attention rejects a head size of 16 on the first request (it takes 64):
 
-* Llama, 2 layers, hidden size 64, vocabulary of exactly 512 tokens, `lm_head` not tied to the embeddings;
+* Llama, 2 layers, hidden size 64 (or N; the MLP twice as wide), 4 attention heads (2 for keys and values),
+  so a head size of hidden/4; a vocabulary of exactly 512 tokens, `lm_head` not tied to the embeddings;
 * the `lm_head` rows of all special tokens are zero, so their logit is always 0 while the other ~500
   random logits almost surely have a positive maximum: greedy decoding never ends on its own and
   `max_tokens` decides the length of every completion;
@@ -84,7 +86,7 @@ def _corpus(rng: random.Random) -> list[str]:
     return lines + paragraphs + [" ".join(ALPHABET)]
 
 
-def build(out: Path) -> dict[str, object]:
+def build(out: Path, hidden_size: int = HIDDEN_SIZE) -> dict[str, object]:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -118,8 +120,8 @@ def build(out: Path) -> dict[str, object]:
 
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
-        hidden_size=HIDDEN_SIZE,
-        intermediate_size=2 * HIDDEN_SIZE,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=NUM_LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -155,11 +157,16 @@ def build(out: Path) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: make_tiny_model.py OUTPUT_DIR", file=sys.stderr)
+    hidden_size = HIDDEN_SIZE
+    args = argv[1:]
+    if len(args) == 3 and args[0] == "--hidden-size" and args[1].isdigit() and int(args[1]) % 4 == 0:
+        hidden_size = int(args[1])
+        args = args[2:]
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: make_tiny_model.py [--hidden-size N (a multiple of 4)] OUTPUT_DIR", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    info = build(Path(argv[1]))
+    info = build(Path(args[0]), hidden_size)
     info["secs"] = round(time.monotonic() - t0, 2)
     print(json.dumps(info))
     return 0

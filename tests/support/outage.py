@@ -9,6 +9,7 @@ at exit, after the providers' final flush.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -70,10 +71,29 @@ after = rss()
 print(json.dumps({
     "plain": statistics.median(timings["plain"]),
     "instrumented": statistics.median(timings["instrumented"]),
+    "paired": [b - a for a, b in zip(timings["plain"], timings["instrumented"])],
     "rss_growth": after - before,
     "created": created,
 }), flush=True)
 """
+
+
+def assert_no_slower(result: dict[str, Any]) -> None:
+    """The instrumented calls were no slower than the plain ones beside them, beyond a quarter of a call
+    and 2 ms for the instrumentation itself, with 95 % confidence.
+
+    Plain and instrumented calls alternate in one process, so a busy machine slows both; what differs
+    between a pair is the instrumentation, and the noise. The median paired difference has a
+    distribution-free confidence interval from its order statistics (the sign test's); the lower end of
+    it must lie within the allowance: a systematic slowdown, as a request path blocked by the failing
+    exporter would be, moves the whole interval up and fails, while a noisy run widens it and does not.
+    On a quiet machine the interval is a fraction of a millisecond wide.
+    """
+    paired = sorted(result["paired"])
+    n = len(paired)
+    lower_rank = max(0, math.floor((n - 1.96 * math.sqrt(n)) / 2))  # 0-based: the 7th of 25
+    allowance = result["plain"] * 0.25 + 0.002
+    assert paired[lower_rank] <= allowance, (paired[lower_rank], allowance, result)
 
 
 @dataclass

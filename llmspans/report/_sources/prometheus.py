@@ -11,6 +11,7 @@ instead of per trace, sampled gauges, no slowest list but exemplars): docs/repor
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Mapping
@@ -23,12 +24,15 @@ from llmspans import _names as names
 from llmspans.report._model import (
     KIND_BUCKET,
     KIND_STAGE,
+    Bound,
     BucketRow,
+    CacheRow,
     Connections,
     Distribution,
     Exemplar,
     LimiterRow,
     Part,
+    PromptCaps,
     Report,
     Retries,
     ServerGauges,
@@ -59,6 +63,13 @@ VLLM_WAITING = _translated(names.METRIC_VLLM_NUM_REQUESTS_WAITING)
 VLLM_RUNNING = _translated(names.METRIC_VLLM_NUM_REQUESTS_RUNNING)
 # A unit-1 gauge: Prometheus 3's OTLP translation adds `_ratio`, opentelemetry-exporter-prometheus does not.
 VLLM_KV_CACHE = _translated(names.METRIC_VLLM_KV_CACHE_USAGE) + "(_ratio)?"
+PROMPT_ESTIMATE_RATIO = _translated(names.METRIC_PROMPT_ESTIMATE_RATIO)  # unit 1: no suffix on a histogram
+CACHE_LOOKUPS = _translated(names.METRIC_CACHE_LOOKUPS, "_total")
+CACHE_SAVED_ESTIMATE = _translated(names.METRIC_CACHE_SAVED_ESTIMATE, "_seconds")
+LABEL_OVER_CAP = _translated(names.PROMPT_OVER_CAP)
+LABEL_CACHE = _translated(names.CACHE_NAME)
+LABEL_CACHE_HIT = _translated(names.CACHE_HIT)
+LABEL_ESTIMATOR = _translated(names.PROMPT_ESTIMATOR)
 LABEL_STAGE = _translated(names.STAGE)
 LABEL_BUCKET = _translated(names.METRIC_ATTR_BUCKET)
 LABEL_CAUSE = _translated(names.METRIC_ATTR_RETRY_CAUSE)
@@ -171,25 +182,52 @@ def _escape(value: str) -> str:
 
 
 def _histograms(api: _Api, metric: str, label: str, select: str, window: _Window) -> dict[str, Distribution]:
-    """Per label value: the increase in count and the interpolated p50/p95/p99 over the window."""
+    """Per label value: the increase in count and the interpolated p50/p95/p99 over the window; a quantile
+    that falls in a bucket wider than itself is only that bucket's bound (`_bounded`)."""
     counts = {
         labels.get(label, ""): value
         for labels, value in api.vector(
             f"sum by ({label}) (increase({metric}_count{select}[{window.range}]))", window.end_s
         )
     }
+    buckets = f"sum by (le, {label}) (increase({metric}_bucket{select}[{window.range}]))"
     quantiles: dict[str, dict[float, float]] = {}
     for q in (0.5, 0.95, 0.99):
-        query = f"histogram_quantile({q}, sum by (le, {label}) (increase({metric}_bucket{select}[{window.range}])))"
-        for labels, value in api.vector(query, window.end_s):
+        for labels, value in api.vector(f"histogram_quantile({q}, {buckets})", window.end_s):
             quantiles.setdefault(labels.get(label, ""), {})[q] = value
+    edges: dict[str, set[float]] = {}
+    for labels, _count in api.vector(buckets, window.end_s):
+        try:
+            edge = float(labels.get("le", "nan"))
+        except ValueError:
+            continue
+        if math.isfinite(edge):
+            edges.setdefault(labels.get(label, ""), set()).add(edge)
     return {
-        name: Distribution(
-            round(count), values.get(0.5, 0.0), values.get(0.95, 0.0), values.get(0.99, 0.0), None
-        )
+        name: _bounded(round(count), values, sorted(edges.get(name, ())))
         for name, values in quantiles.items()
         if (count := counts.get(name, 0.0)) > 0
     }
+
+
+def _bounded(count: int, values: Mapping[float, float], edges: list[float]) -> Distribution:
+    """The quantiles as a Distribution. `histogram_quantile` interpolates linearly inside the bucket that
+    holds the rank, as if the values were spread evenly across it: where the bucket is wider than the
+    figure itself (always so for the first, from 0 to its upper edge), that is a figure of the buckets,
+    not of the data, so the quantile is reported as the bucket's upper edge and named a bound."""
+    figures: dict[str, float] = {}
+    bounds: list[Bound] = []
+    for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+        value = figures[name] = values.get(q, 0.0)
+        upper_index = bisect.bisect_left(edges, value)
+        if not math.isfinite(value) or upper_index >= len(edges):
+            continue  # above the highest finite edge: Prometheus gives that edge; nothing better is known
+        upper = edges[upper_index]
+        lower = edges[upper_index - 1] if upper_index > 0 else 0.0
+        if upper > 0 and upper - lower > value:
+            bounds.append(Bound(name, lower, upper))
+            figures[name] = upper
+    return Distribution(count, figures["p50"], figures["p95"], figures["p99"], None, tuple(bounds))
 
 
 def _by_label(api: _Api, query: str, label: str, at_s: float) -> dict[str, float]:
@@ -295,6 +333,105 @@ def _server_histograms(api: _Api, window: _Window) -> tuple[ServerHistograms, ..
         )
         for model, figures in sorted(found.items())
     )  # fmt: skip
+
+
+def _prompt_caps(api: _Api, service: str | None, window: _Window) -> tuple[PromptCaps | None, list[str]]:
+    """Capped calls over and under the cap, those refused, each side's first_token and the estimate over the
+    server's count; the notes say what the metrics cannot tell apart."""
+    at, span = window.end_s, window.range
+    capped = _selector(service, f'{LABEL_OVER_CAP}!=""')
+    calls = _by_label(
+        api,
+        f"sum by ({LABEL_OVER_CAP}) (increase({OPERATION_DURATION}_count{capped}[{span}]))",
+        LABEL_OVER_CAP,
+        at,
+    )
+    total = round(sum(calls.values()))
+    if not total:
+        return None, []
+    over = round(calls.get("true", 0.0))
+    refused_select = _selector(
+        service, f'{LABEL_OVER_CAP}="true", {LABEL_ERROR}="{names.ERROR_PROMPT_TOO_LARGE}"'
+    )
+    refused = min(
+        over, round(_total(api, f"sum(increase({OPERATION_DURATION}_count{refused_select}[{span}]))", at))
+    )
+    first_token_select = _selector(service, f'{LABEL_BUCKET}="first_token", {LABEL_OVER_CAP}!=""')
+    first_token = _histograms(api, BUCKET_DURATION, LABEL_OVER_CAP, first_token_select, window)
+    notes = []
+    first_token_over = first_token.get("true")
+    if refused and refused >= over:
+        first_token_over = None  # every call over the cap was refused: none was answered
+    elif refused:
+        notes.append(
+            "from Prometheus: the first_token of calls over the prompt cap includes the calls it refused "
+            "(llmspans.bucket.duration carries no error type)"
+        )
+    ratios = _histograms(api, PROMPT_ESTIMATE_RATIO, LABEL_ESTIMATOR, _selector(service), window)
+    ratio = None
+    if ratios:
+        ratio = next(iter(ratios.values())) if len(ratios) == 1 else _overall(api, service, window)
+    caps = PromptCaps(
+        calls=total, over=over, refused=refused, first_token_over=first_token_over,
+        first_token_under=first_token.get("false"), estimate_ratio=ratio, estimators=tuple(sorted(ratios)),
+    )  # fmt: skip
+    return caps, notes
+
+
+def _overall(api: _Api, service: str | None, window: _Window) -> Distribution | None:
+    """The estimate ratio over every estimator at once."""
+    select = _selector(service)
+    count = _total(api, f"sum(increase({PROMPT_ESTIMATE_RATIO}_count{select}[{window.range}]))", window.end_s)
+    quantiles = [
+        _total(
+            api, f"histogram_quantile({q}, sum by (le) (increase({PROMPT_ESTIMATE_RATIO}_bucket{select}[{window.range}])))",
+            window.end_s,
+        )
+        for q in (0.5, 0.95, 0.99)
+    ]  # fmt: skip
+    if count <= 0:
+        return None
+    return Distribution(round(count), quantiles[0], quantiles[1], quantiles[2], None)
+
+
+def _caches(api: _Api, service: str | None, window: _Window) -> tuple[CacheRow, ...]:
+    """Lookups, hits, failures and the estimated time saved per cache; the lookups' own time and the requests
+    that held them are in the spans only."""
+    at, span = window.end_s, window.range
+    select = _selector(service)
+    counts: dict[str, dict[str, float]] = {}
+    query = f"sum by ({LABEL_CACHE}, {LABEL_CACHE_HIT}) (increase({CACHE_LOOKUPS}{select}[{span}]))"
+    for labels, value in api.vector(query, at):
+        counts.setdefault(labels.get(LABEL_CACHE, ""), {})[labels.get(LABEL_CACHE_HIT, "")] = value
+    if not counts:
+        return ()
+    failed_select = _selector(service, f'{LABEL_ERROR}!=""')
+    failed = _by_label(
+        api, f"sum by ({LABEL_CACHE}) (increase({CACHE_LOOKUPS}{failed_select}[{span}]))", LABEL_CACHE, at
+    )
+    saved = _by_label(
+        api, f"sum by ({LABEL_CACHE}) (increase({CACHE_SAVED_ESTIMATE}_sum{select}[{span}]))", LABEL_CACHE, at
+    )
+    estimated = _by_label(
+        api,
+        f"sum by ({LABEL_CACHE}) (increase({CACHE_SAVED_ESTIMATE}_count{select}[{span}]))",
+        LABEL_CACHE,
+        at,
+    )
+    rows = []
+    for name, by_hit in counts.items():
+        lookups = round(sum(by_hit.values()))
+        if not lookups:
+            continue
+        rows.append(
+            CacheRow(
+                name=name, lookups=lookups, hits=round(by_hit.get("true", 0.0)), errors=round(failed.get(name, 0.0)),
+                saved_s=saved.get(name, 0.0), hits_estimated=round(estimated.get(name, 0.0)), lookup=None,
+                with_hit=None, with_miss=None,
+            )
+        )  # fmt: skip
+    rows.sort(key=lambda row: (-row.lookups, row.name))
+    return tuple(rows)
 
 
 def _exemplars(api: _Api, select: str, window: _Window, jaeger: str | None, top: int) -> tuple[Exemplar, ...]:
@@ -408,6 +545,7 @@ def _report(
         None,
     )
     server_histograms = _server_histograms(api, window)
+    prompt_caps, cap_notes = _prompt_caps(api, service, window)
     figures = Figures(
         variability=variability,
         retries=retries,
@@ -415,6 +553,7 @@ def _report(
         limiters=_limiters(api, select, window, service),
         server=None,
         histograms=server_histograms,
+        prompt_caps=prompt_caps,
     )
     notes = [
         "from Prometheus: quantiles are interpolated inside histogram buckets, per span and per call (not per "
@@ -426,6 +565,13 @@ def _report(
         for stage in overrides
         if stage not in stage_rows
     ]
+    notes += cap_notes
+    caches = _caches(api, service, window)
+    if caches:
+        notes.append(
+            "from Prometheus: a cache's lookup time and the latency of requests with a hit against those "
+            "without need the spans (llmspans report FILE)"
+        )
     served = f"job {service!r}" if service else "all jobs"
     return Report(
         sources=(
@@ -450,6 +596,8 @@ def _report(
         server_gauges=_server_gauges(api, select, window),
         exemplars=_exemplars(api, select, window, jaeger, top),
         server_histograms=server_histograms,
+        prompt_caps=prompt_caps,
+        caches=caches,
     )
 
 

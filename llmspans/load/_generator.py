@@ -1,0 +1,282 @@
+"""One event loop sending a level's requests through one instrumented `openai.AsyncOpenAI`.
+
+The runner drives a generator in its own process (one worker), and each worker process drives its own
+(`_worker.py`); either way the same code sends the requests, so a request records the same call span
+wherever it ran. Closed loop: `users` coroutines, each taking the next request when its last one is done.
+Open loop: one dispatcher sleeps until each request is due and starts it as its own task, whatever is
+still in flight; the record keeps when it was due and when `create()` was called, so the lag is measured,
+never hidden. Each request consumes its stream as an app would and stamps each content chunk.
+
+What keeps the schedule (docs/load.md, "What the generator costs"): a request's arguments are built
+before it is due; while a level issues no full garbage collection runs (the spans and records a level
+keeps would make each one a pause of tens of milliseconds) and the exporter's thread hands the GIL back
+within half a millisecond (`on_schedule`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import TracerProvider
+
+import llmspans
+from llmspans import _deferred, _suppress
+from llmspans.load._model import Level
+from llmspans.load._requests import CURRENT, LevelStamper, RequestRecord
+from llmspans.load._workload import Workload
+from llmspans.report._spans import Span, spans_of_readable
+from llmspans.vllm import ServerMetrics
+
+# A span ended from a finalizer is ended on llmspans' worker thread: wait this long for it at a level's end.
+SETTLE_S = 2.0
+# While a level issues, the oldest generation is collected only past this many younger collections: never.
+NO_FULL_COLLECTION = 2**31 - 1
+# While a level issues, another thread of the process (the exporter's) hands the GIL back after this long.
+SWITCH_INTERVAL_S = 0.0005
+
+
+class LoadError(Exception):
+    """The run cannot go on (the target does not answer, a worker died); one line saying why."""
+
+
+class Generator:
+    """The instrumented client, the span processor that reads each call span back, and the two loops."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        base_url: str,
+        tracer_provider: TracerProvider,
+        run_id: str,
+        api_key: str = "none",
+        provider: str | None = None,
+        limiter: llmspans.Limiter | None = None,
+        server_metrics: ServerMetrics | None = None,
+        max_retries: int = 2,
+        timeout: float = 60.0,
+    ) -> None:
+        self.workload = workload
+        self.base_url = base_url
+        self.api_key = api_key
+        self.provider = provider
+        self.limiter = limiter
+        self.server_metrics = server_metrics
+        self.max_retries = max_retries
+        self.timeout = timeout
+        self.stamper = LevelStamper(run_id)
+        tracer_provider.add_span_processor(self.stamper)
+        self._client: Any = None
+        self._create: Callable[..., Any] = _not_started
+        self._content = _CONTENT[workload.endpoint]
+
+    async def start(self) -> None:
+        """The client, and one warm-up request no span records: the SDK's one-off set-up is not in the
+        first level, and a target that does not answer is said (LoadError) before any level starts."""
+        try:
+            import openai
+        except ImportError as error:
+            raise LoadError("llmspans load needs the openai SDK: pip install 'llmspans[openai]'") from error
+        self._client = openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=self.api_key, max_retries=self.max_retries, timeout=self.timeout
+        )
+        llmspans.instrument(
+            self._client, provider=self.provider, limiter=self.limiter, request_usage=self.workload.stream,
+            server_metrics=self.server_metrics or False,
+        )  # fmt: skip
+        self._create = _creator(self._client, self.workload.endpoint)
+        with _suppress.suppressing():
+            try:
+                response = await self._create(**self.workload.request(0))
+                if self.workload.stream:
+                    async for _ in response:
+                        pass
+            except Exception as error:
+                raise LoadError(
+                    f"the warm-up request to {self.base_url} failed: {error_name(error)}: {error}"
+                ) from None
+
+    async def close(self) -> None:
+        self.stamper.shutdown()
+        if self._client is not None:
+            await self._client.close()
+
+    async def closed(
+        self,
+        level: Level,
+        users: int,
+        indices: Sequence[int],
+        records: list[RequestRecord],
+        stop: asyncio.Event,
+        until: float,
+    ) -> None:
+        """`users` users share `indices` (the requests to send, in order) until done, `until`
+        (`time.monotonic()`) or `stop`."""
+        pending = iter(indices)
+
+        async def user() -> None:
+            while not stop.is_set() and time.monotonic() < until:
+                index = next(pending, None)
+                if index is None:
+                    return
+                record = RequestRecord(index=index, level=level.label)
+                records.append(record)
+                await self._one(record, self.workload.request(index))
+
+        await asyncio.gather(*(user() for _ in range(users)))
+
+    async def open(
+        self,
+        level: Level,
+        schedule: Sequence[tuple[int, int]],
+        records: list[RequestRecord],
+        stop: asyncio.Event,
+        until: float,
+    ) -> None:
+        """Each `(index, due)` of `schedule` (`time.perf_counter_ns()`, in order) started when due."""
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            for index, due in schedule:
+                arguments = self.workload.request(index)  # built before it is due: not the request's lag
+                wait = (due - time.perf_counter_ns()) / 1e9
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if stop.is_set() or time.monotonic() >= until:
+                    break
+                record = RequestRecord(index=index, level=level.label, scheduled_ns=due)
+                records.append(record)
+                task = asyncio.ensure_future(self._one(record, arguments))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+            if in_flight:
+                await asyncio.gather(*in_flight)
+        finally:
+            for task in in_flight:
+                task.cancel()
+            if in_flight:
+                await asyncio.gather(*in_flight, return_exceptions=True)
+
+    async def _one(self, record: RequestRecord, arguments: dict[str, Any]) -> None:
+        """One request, consumed as an app would; what it measured lands on `record`."""
+        token = CURRENT.set(record)
+        content = self._content
+        try:
+            record.issued_ns = time.perf_counter_ns()
+            response = await self._create(**arguments)
+            if self.workload.stream:
+                async for item in response:
+                    if content(item):
+                        record.chunk_ns.append(time.perf_counter_ns())
+        except asyncio.CancelledError:
+            record.cancelled = True
+            raise
+        except Exception as error:
+            record.error = error_name(error)
+        finally:
+            record.done_ns = time.perf_counter_ns()
+            CURRENT.reset(token)
+
+    def level_spans(self, level: Level, records: Sequence[RequestRecord]) -> list[Span]:
+        """Every ended span of the level's requests' traces, as the report reads them, once the spans
+        ended from a finalizer have ended too; the generator forgets them."""
+        if any(record.ok and not record.recorded for record in records):
+            _deferred.settle(SETTLE_S)
+        return spans_of_readable(self.stamper.take(level.label))
+
+
+@contextlib.contextmanager
+def on_schedule() -> Iterator[None]:
+    """While a level issues: no full garbage collection (one at its end, outside every request's time), and
+    the loop's thread waits at most `SWITCH_INTERVAL_S` for the GIL.
+
+    A full collection walks every object the process holds, the level's spans and records included: tens
+    of milliseconds here, which every request due meanwhile would count as lag. The young generations are
+    still collected as usual (about a millisecond each); what reaches the oldest one during a level is
+    about one object per request, freed at the level's end. The exporter's thread encodes spans in batches
+    in the same process: by Python's default it keeps the GIL for up to 5 ms before the loop gets it back,
+    the whole of the lag allowed.
+    """
+    threshold, interval = gc.get_threshold(), sys.getswitchinterval()
+    gc.set_threshold(threshold[0], threshold[1], NO_FULL_COLLECTION)
+    sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+        gc.set_threshold(*threshold)
+        gc.collect()
+
+
+async def until_done(work: Any, stop: asyncio.Event, deadline: float) -> None:
+    """Run `work` to its end, or cancel it when `stop` is set or `deadline` (`time.monotonic()`) passes."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait(
+            {task, stopped},
+            timeout=max(0.0, deadline - time.monotonic()),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, stopped, return_exceptions=True)
+
+
+def error_name(error: BaseException) -> str:
+    status = getattr(error, "status_code", None)
+    if isinstance(status, int):
+        return f"HTTP {status}"
+    return type(error).__name__
+
+
+def _not_started(**_: Any) -> Any:
+    raise RuntimeError("Generator.start() was not awaited")
+
+
+def _creator(client: Any, endpoint: str) -> Callable[..., Any]:
+    if endpoint == "chat":
+        return client.chat.completions.create  # type: ignore[no-any-return]
+    if endpoint == "completions":
+        return client.completions.create  # type: ignore[no-any-return]
+    return client.responses.create  # type: ignore[no-any-return]
+
+
+def _chat_content(chunk: Any) -> bool:
+    choices = getattr(chunk, "choices", None)
+    if not choices:
+        return False
+    delta = getattr(choices[0], "delta", None)
+    return bool(
+        delta is not None
+        and (
+            getattr(delta, "content", None)
+            or getattr(delta, "tool_calls", None)
+            or getattr(delta, "reasoning_content", None)
+        )
+    )
+
+
+def _completion_content(chunk: Any) -> bool:
+    choices = getattr(chunk, "choices", None)
+    return bool(choices and getattr(choices[0], "text", None))
+
+
+def _responses_content(event: Any) -> bool:
+    return getattr(event, "type", None) == "response.output_text.delta" and bool(
+        getattr(event, "delta", None)
+    )
+
+
+_CONTENT: dict[str, Callable[[Any], bool]] = {
+    "chat": _chat_content,
+    "completions": _completion_content,
+    "responses": _responses_content,
+}

@@ -1,0 +1,198 @@
+"""What a load run says, as plain frozen data: the levels' figures, the knee and the verdict.
+
+Seconds everywhere; quantiles are nearest-rank, as in the report (docs/load.md says why, and how they
+compare with `vllm bench serve`'s interpolated ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from llmspans.report._model import Report, quantile
+
+SHAPE_CONCURRENCY = "concurrency"
+SHAPE_RATE = "rate"
+LOAD_QUANTILES = (0.5, 0.9, 0.95, 0.99)
+
+
+@dataclass(frozen=True, order=True)
+class Level:
+    """One load level: `concurrency` users each sending the next request when the last one is done
+    (closed loop), or `rate` requests per second arriving on a schedule (open loop)."""
+
+    shape: str
+    value: float
+
+    @property
+    def label(self) -> str:
+        """The `llmspans.load.level` value: `concurrency=8`, `rate=4` (requests/s)."""
+        return f"{self.shape}={_number(self.value)}"
+
+    @property
+    def words(self) -> str:
+        if self.shape == SHAPE_CONCURRENCY:
+            return f"{_number(self.value)} concurrent"
+        return f"{_number(self.value)} requests/s"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    count: int
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Percentiles | None:
+        ordered = sorted(values)
+        if not ordered:
+            return None
+        return cls(
+            len(ordered),
+            quantile(ordered, 0.5),
+            quantile(ordered, 0.9),
+            quantile(ordered, 0.95),
+            quantile(ordered, 0.99),
+            ordered[-1],
+        )
+
+    def at(self, q: float) -> float:
+        return {0.5: self.p50, 0.9: self.p90, 0.95: self.p95, 0.99: self.p99}[q]
+
+
+@dataclass(frozen=True)
+class ServerFigures:
+    """vLLM's `/metrics` over one level (llmspans.vllm.ServerMetrics' samples taken during it)."""
+
+    samples: int
+    waiting_mean: float
+    waiting_max: int
+    running_mean: float
+    running_max: int
+    kv_cache_usage_mean: float | None
+    kv_cache_usage_max: float | None
+    preemption_rate_mean: float | None
+    prefix_cache_hit_ratio_mean: float | None
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    level: Level
+    requests: int  # issued
+    completed: int  # succeeded
+    cancelled: int  # cut by Ctrl-C (or the run's time cap)
+    errors: dict[str, int]
+    retried_calls: int
+    retries: int
+    unrecorded: int  # succeeded, but no call span reached the load tool (sampled out)
+    duration_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+    tokens_counted_as_chunks: bool  # the server reported no usage: output tokens are content chunks
+    good: int | None  # requests meeting every --slo (None without one)
+    goodput_per_s: float | None
+    ttft: Percentiles | None  # None when the calls do not stream
+    tpot: Percentiles | None
+    itl: Percentiles | None
+    e2e: Percentiles | None
+    buckets_p50: dict[str, float]
+    buckets_p95: dict[str, float]
+    lag: Percentiles | None  # open loop: the client's lag behind its schedule
+    behind_schedule: bool
+    server: ServerFigures | None
+    dominant: str | None  # the report's dominant part at p95 for this level
+    triage: str | None  # and its message
+    workers: int = 1  # processes that sent the level's requests (1: the runner's own)
+    generator_cpu_s: float | None = None  # CPU the load tool's processes spent over the level
+    report: Report | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def cpu_per_request_s(self) -> float | None:
+        """The load generator's own CPU per request issued (the SDK, llmspans, the export, the load tool)."""
+        if self.generator_cpu_s is None or not self.requests:
+            return None
+        return self.generator_cpu_s / self.requests
+
+    @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("report")
+        data["level"] = {"shape": self.level.shape, "value": self.level.value, "label": self.level.label}
+        return data
+
+
+@dataclass(frozen=True)
+class Knee:
+    """The first level where p95 TTFT or e2e left its low-load value by more than the factor, or where
+    throughput stopped growing with the load; `before` is the level under it."""
+
+    before: Level
+    at: Level
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What grew at the knee, in the report's words (`llmspans.report._triage.cause_of`)."""
+
+    grew: str  # a bucket name, or "schedule_lag"
+    before_s: float
+    after_s: float
+    finding: str
+    message: str
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Result:
+    target: str
+    model: str
+    endpoint: str
+    stream: bool
+    shape: str
+    run_id: str
+    workload: str
+    levels: tuple[LevelStats, ...]
+    knee: Knee | None
+    verdict: Verdict | None
+    summary: str  # one line: the knee and what grew, or that there was none
+    slo: dict[str, float]
+    interrupted: bool
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (the `--json` document)."""
+        knee = None
+        if self.knee is not None:
+            knee = {
+                "before": self.knee.before.label,
+                "at": self.knee.at.label,
+                "reasons": list(self.knee.reasons),
+            }
+        return {
+            "target": self.target,
+            "model": self.model,
+            "endpoint": self.endpoint,
+            "stream": self.stream,
+            "shape": self.shape,
+            "run_id": self.run_id,
+            "workload": self.workload,
+            "slo": self.slo,
+            "interrupted": self.interrupted,
+            "levels": [level.to_dict() for level in self.levels],
+            "knee": knee,
+            "verdict": asdict(self.verdict) if self.verdict is not None else None,
+            "summary": self.summary,
+            "notes": list(self.notes),
+        }

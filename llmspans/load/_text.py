@@ -1,0 +1,193 @@
+"""A load run as plain text for a terminal: tables in 100 columns, one row per level, then the verdict."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+
+from llmspans import _names as names
+from llmspans.load._model import LevelStats, Percentiles, Result
+from llmspans.report._model import format_seconds as seconds
+from llmspans.report._text import WIDTH
+
+# A closed loop whose generator was on the CPU this share of the time may have timed its own work.
+BUSY_SHARE = 0.8
+
+
+def _wrap(text: str, indent: str = "") -> list[str]:
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False
+    )
+
+
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], first: int = 16, width: int = 9
+) -> list[str]:
+    lines = []
+    for cells in [headers, *rows]:
+        line = "  " + cells[0][:first].ljust(first) + "".join(cell.rjust(width) for cell in cells[1:])
+        lines.append(line.rstrip())
+    return lines
+
+
+def _q(figures: Percentiles | None, q: float) -> str:
+    return "-" if figures is None else seconds(figures.at(q))
+
+
+def render(result: Result) -> str:
+    out = [f"llmspans load: {result.target}, model {result.model}, run {result.run_id}"]
+    out += _wrap(result.workload)
+    for note in result.notes:
+        out += _wrap(f"note: {note}")
+    levels = sorted(result.levels, key=lambda stats: stats.level.value)
+    if not levels:
+        out.append("")
+        out.append("No level ran.")
+        return "\n".join(out) + "\n"
+    knee = result.knee.at if result.knee is not None else None
+
+    def label(stats: LevelStats) -> str:
+        return stats.level.label + (" *" if stats.level == knee else "")
+
+    out.append("")
+    slo = f", goodput under {_slo(result.slo)}" if result.slo else ""
+    out.append(f"Throughput and errors per level (* the knee){slo}")
+    headers = ["level", "requests", "ok", "errors", "retries", "req/s", "tok/s"] + (
+        ["goodput"] if result.slo else []
+    )
+    rows = []
+    for stats in levels:
+        row = [
+            label(stats), str(stats.requests), str(stats.completed), str(stats.failed), str(stats.retries),
+            f"{stats.requests_per_s:.1f}", f"{stats.output_tokens_per_s:.0f}",
+        ]  # fmt: skip
+        if result.slo:
+            row.append("-" if stats.goodput_per_s is None else f"{stats.goodput_per_s:.1f}")
+        rows.append(row)
+    out += _table(headers, rows)
+
+    out.append("")
+    out.append("Latency per level (nearest-rank percentiles; TTFT and e2e from the request's start)")
+    headers = ["level", "TTFT p50", "p95", "p99", "TPOT p95", "ITL p95", "e2e p50", "p95", "p99"]
+    rows = [
+        [
+            label(stats),
+            _q(stats.ttft, 0.5),
+            _q(stats.ttft, 0.95),
+            _q(stats.ttft, 0.99),
+            _q(stats.tpot, 0.95),
+            _q(stats.itl, 0.95),
+            _q(stats.e2e, 0.5),
+            _q(stats.e2e, 0.95),
+            _q(stats.e2e, 0.99),
+        ]
+        for stats in levels
+    ]
+    out += _table(headers, rows)
+
+    out.append("")
+    out.append("Each bucket's p95 per level (per call), and the report's dominant part at p95")
+    headers = ["level", *names.BUCKETS, "dominant"]
+    rows = [
+        [
+            label(stats),
+            *(seconds(stats.buckets_p95[bucket]) for bucket in names.BUCKETS),
+            _short(stats.dominant),
+        ]
+        for stats in levels
+    ]
+    out += _table(headers, rows, width=12)
+
+    out.append("")
+    out.append(
+        "The load generator per level: its processes, its CPU per request, and its lag behind the schedule"
+    )
+    out.append("(open loop; the lag is counted in every latency above)")
+    rows = [
+        [label(stats), str(stats.workers), _cpu(stats), _q(stats.lag, 0.5), _q(stats.lag, 0.95), _q(stats.lag, 0.99),
+         "-" if stats.lag is None else seconds(stats.lag.max),
+         "-" if stats.lag is None else "BEHIND" if stats.behind_schedule else "kept up"]
+        for stats in levels
+    ]  # fmt: skip
+    out += _table(["level", "workers", "CPU/req", "lag p50", "p95", "p99", "max", "schedule"], rows)
+
+    if any(stats.server is not None for stats in levels):
+        out.append("")
+        out.append("vLLM's /metrics over each level (mean / max)")
+        rows = []
+        for stats in levels:
+            server = stats.server
+            if server is None:
+                rows.append([label(stats), "-", "-", "-", "-", "-"])
+                continue
+            rows.append([
+                label(stats),
+                f"{server.waiting_mean:.1f}/{server.waiting_max}",
+                f"{server.running_mean:.1f}/{server.running_max}",
+                "-" if server.kv_cache_usage_max is None else f"{server.kv_cache_usage_mean or 0:.0%}/{server.kv_cache_usage_max:.0%}",
+                "-" if server.preemption_rate_mean is None else f"{server.preemption_rate_mean:.2f}",
+                "-" if server.prefix_cache_hit_ratio_mean is None else f"{server.prefix_cache_hit_ratio_mean:.0%}",
+            ])  # fmt: skip
+        out += _table(["level", "waiting", "running", "KV cache", "preempt/s", "prefix hits"], rows, width=12)
+
+    warnings = []
+    for stats in levels:
+        if stats.behind_schedule and stats.lag is not None:
+            warnings.append(
+                f"{stats.level.words}: the client could not keep the schedule (lag p99 {seconds(stats.lag.p99)} on "
+                f"{_processes(stats.workers)}); its latencies include that lag: more --workers, if this machine "
+                "has idle CPUs, or fewer requests/s"
+            )
+        busy = _busy(stats)
+        if stats.lag is None and busy is not None and busy >= BUSY_SHARE:
+            warnings.append(
+                f"{stats.level.words}: the load generator was busy {busy:.0%} of the level on "
+                f"{_processes(stats.workers)}: its own time may be in the latencies (--workers N spreads it)"
+            )
+        if stats.unrecorded:
+            warnings.append(
+                f"{stats.level.words}: {stats.unrecorded} successful calls had no span (sampled out?)"
+            )
+        if stats.tokens_counted_as_chunks:
+            warnings.append(
+                f"{stats.level.words}: the server reported no usage: tokens are counted as content chunks"
+            )
+        if stats.errors:
+            kinds = ", ".join(f"{kind} ×{count}" for kind, count in stats.errors.items())
+            warnings.append(f"{stats.level.words}: {stats.failed} failed ({kinds})")
+    if warnings:
+        out.append("")
+        for warning in warnings:
+            out += _wrap(f"note: {warning}")
+    out.append("")
+    out += _wrap(("Interrupted: " if result.interrupted else "") + result.summary)
+    if result.verdict is not None:
+        for note in result.verdict.notes:
+            out += _wrap(f"also: {note}", "  ")
+    return "\n".join(out) + "\n"
+
+
+def _cpu(stats: LevelStats) -> str:
+    cpu = stats.cpu_per_request_s
+    return "-" if cpu is None else seconds(cpu)
+
+
+def _busy(stats: LevelStats) -> float | None:
+    """The share of the level's wall time the generator's processes spent on the CPU, per process."""
+    if stats.generator_cpu_s is None or stats.duration_s <= 0:
+        return None
+    return stats.generator_cpu_s / (stats.duration_s * stats.workers)
+
+
+def _processes(workers: int) -> str:
+    return "one process" if workers == 1 else f"{workers} worker processes"
+
+
+def _short(label: str | None) -> str:
+    if label is None:
+        return "-"
+    return label.replace(" (llm bucket)", "")
+
+
+def _slo(slo: dict[str, float]) -> str:
+    return ", ".join(f"{name} {seconds(limit)}" for name, limit in slo.items())
