@@ -114,6 +114,7 @@ async def batch_slots() -> AsyncIterator[VLLMSimulator]:
         yield sim
 
 
+@retry_timing
 async def test_a_server_out_of_batch_slots_puts_the_knee_between_4_and_8_and_names_its_queue(
     batch_slots: VLLMSimulator,
 ) -> None:
@@ -157,6 +158,7 @@ async def test_a_server_out_of_batch_slots_puts_the_knee_between_4_and_8_and_nam
     assert page.count('class="segment" data-level="concurrency=8"') == len(names.BUCKETS)
 
 
+@retry_timing
 async def test_kv_blocks_as_the_limit_are_named_kv_pressure_with_preemptions() -> None:
     """Ten KV blocks of 16 tokens: a request needs 3 when admitted (40 words) and 4 by its end (+24
     tokens), so two run side by side forever, while three get admitted and then preempt one another."""
@@ -183,6 +185,7 @@ async def test_kv_blocks_as_the_limit_are_named_kv_pressure_with_preemptions() -
     assert at.preemption_rate_mean > 0
 
 
+@retry_timing
 async def test_a_client_limiter_puts_the_knee_at_its_cap_and_names_the_client_queue() -> None:
     """The server has room for 16; the app's own Limiter(cap=2) queues the calls past two."""
     config = EngineConfig(

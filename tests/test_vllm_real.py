@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -626,7 +627,12 @@ async def test_llmspans_load_finds_the_knee_at_the_servers_batch_limit(real_vllm
     users throughput stops growing and the time to an answer doubles, so the knee is between 2 and 4, and
     vLLM's own /metrics put the wait in its queue (waiting up, running at its cap of 2). Long answers, not
     streamed: the engine, not vLLM's front end, is what the callers wait for (see the sustained-load test).
-    On a machine too busy to keep two requests in vLLM's engine at once, the run shows no knee: a retry."""
+
+    The run starts at 2, not 1: on two shared cores a batch of two may not run twice as fast as one
+    request (the CPU, not the batch, is then the limit), which puts a second, true knee at 1 -> 2 on a
+    busy machine. Where the knee lands among more levels is the simulator's test (tests/test_load.py);
+    here it is what the real server's signals say at its batch limit. A machine too busy to keep two
+    requests in vLLM's engine at once shows no knee: a retry."""
     from llmspans.load._cli import build_result
     from llmspans.load._model import SHAPE_CONCURRENCY
     from llmspans.load._runner import Runner
@@ -637,17 +643,21 @@ async def test_llmspans_load_finds_the_knee_at_the_servers_batch_limit(real_vllm
 
     workload = Workload(model=real_vllm.model, max_tokens=200, prompt_tokens=12, stream=False)
     plan = Plan(
-        shape=SHAPE_CONCURRENCY, levels=parse_levels("1,2,4", SHAPE_CONCURRENCY), requests_per_level=8,
-        max_requests=24, max_seconds=240,
+        shape=SHAPE_CONCURRENCY, levels=parse_levels("2,4", SHAPE_CONCURRENCY), requests_per_level=8,
+        max_requests=16, max_seconds=240,
     )  # fmt: skip
     sampler = busy_server_sampler(real_vllm)
     try:
-        with providers() as (tracer_provider, _):
+        with providers() as (tracer_provider, exporter):
             runner = Runner(
                 workload, plan, base_url=real_vllm.base_url, tracer_provider=tracer_provider, provider="vllm",
                 server_metrics=sampler, max_retries=0,
             )  # fmt: skip
             outcome = await runner.run()
+            calls = sorted(
+                (span for span in exporter.get_finished_spans() if span.name.startswith("chat ")),
+                key=lambda span: span.start_time,
+            )
     finally:
         sampler.close()
     result = build_result(
@@ -658,11 +668,21 @@ async def test_llmspans_load_finds_the_knee_at_the_servers_batch_limit(real_vllm
     assert all(stats.completed == stats.requests == 8 for stats in outcome.levels), text
     assert result.knee is not None, text
     assert (result.knee.before.label, result.knee.at.label) == ("concurrency=2", "concurrency=4"), text
-    by_level = {stats.level.label: stats for stats in result.levels}
-    at = by_level["concurrency=4"].server
+    # Past the batch limit requests wait in vLLM's queue, as vLLM's own span of each request says: at 2
+    # concurrent nothing waits for a batch slot. How much of the added time that queue is depends on the
+    # machine: on a quiet one about one answer's time; on a busy one vLLM's front end (one Python process
+    # on two shared cores) becomes the larger part, and its /metrics come too late to be read in the level.
+    assert len(calls) == 16, [span.name for span in calls]
+    found = server_spans_of(real_vllm, calls)
+    assert len(found) == 16
+    queued = [found[trace_hex(span)].attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] for span in calls]
+    at_two, at_four = statistics.mean(queued[:8]), statistics.mean(queued[8:])
+    assert at_four >= 0.02, (at_two, at_four, text)
+    assert at_four >= 4 * at_two, (at_two, at_four, text)
+    at = {stats.level.label: stats for stats in result.levels}["concurrency=4"].server
     assert at is not None
     assert at.running_max <= real_vllm.max_num_seqs
-    assert at.waiting_max >= 1, text
-    assert result.verdict is not None
-    assert result.verdict.finding == FINDING_SERVER_QUEUE, text
-    print("\n" + text)
+    if at.samples >= 5 and at.waiting_max >= 1:  # the sampler saw the queue: the verdict names it
+        assert result.verdict is not None
+        assert result.verdict.finding == FINDING_SERVER_QUEUE, text
+    print(f"\n{text}\nvLLM's time in queue, mean: {at_two * 1e3:.0f} ms at 2, {at_four * 1e3:.0f} ms at 4")
