@@ -197,6 +197,12 @@ def test_prometheus_counts_what_the_levers_did(capsys: pytest.CaptureFixture[str
             text_code = main(["report", "--prometheus", server.url, "--service", "levers", "--since",
                               f"{window:.3f}s"])  # fmt: skip
             text = capsys.readouterr().out
+            # How far increase() stretched this run's scrapes to the window's edges, seen on a counter whose
+            # true rise is known (one lookup a turn): on a busy machine the scrapes near the edges come late.
+            ((_, stretched),) = server.query(
+                f'sum(increase(llmspans_cache_lookups_total{{job="levers"}}[{round(window * 1000)}ms]))'
+            )
+            stretch = stretched / workload.TURNS
         finally:
             app.stdin.close()  # type: ignore[union-attr]
             app.wait(timeout=30)
@@ -204,7 +210,7 @@ def test_prometheus_counts_what_the_levers_did(capsys: pytest.CaptureFixture[str
     report = json.loads(out)
     caps = report["prompt_caps"]
     # increase() extrapolates to the window's edges: counts are the run's give or take a scrape, shares closer.
-    assert 8 * 0.9 <= caps["calls"] <= 8 * 1.3
+    assert 8 * 0.9 <= caps["calls"] <= 8 * max(1.3, stretch * 1.15), stretch
     assert caps["share_over"] == pytest.approx(0.5, abs=0.1)
     assert caps["refused"] == 1
     assert caps["first_token_over"]["p95"] >= workload.LONG_DELAY * 0.9  # interpolated inside its bucket
