@@ -529,6 +529,7 @@ async def test_async_client_streams_reuse_the_connection(server: SimulatedServer
 
 def test_stop_is_prompt_with_open_streams_and_idle_connections() -> None:
     fds_before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    others = sim_threads()  # another test's module-wide simulator may be running (any test order)
     server = SimulatedServer(Behavior(chunk_gap=10)).start()
     errors: list[BaseException] = []
 
@@ -548,14 +549,14 @@ def test_stop_is_prompt_with_open_streams_and_idle_connections() -> None:
         while not any(r.chunk_sent_ns for r in server.requests):
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        assert sim_threads()
+        assert sim_threads() - others
         start = time.perf_counter()
         server.stop()
         assert time.perf_counter() - start < 0.5
         reader.join(2)
         assert not reader.is_alive()
         assert len(errors) == 1
-        assert not sim_threads()
+        assert not sim_threads() - others
         with pytest.raises(httpx.TransportError):
             idle.get("/health", timeout=1)
     server.stop()  # idempotent
