@@ -202,6 +202,22 @@ def cache_lookup_call(url: str) -> Any:
     return look()
 
 
+def hedged_stream(url: str, quiet: bool = False) -> Any:
+    """A sync hedged stream whose slow primary loses to its backup: every hedge site on the way (the
+    simulator of the test is shared by both runs, so the race has a server of its own)."""
+    first = Behavior(chunks=0 if quiet else 3, usage="chunk", first_chunk_delay=0.4)
+    with SimulatedServer(Behavior(chunks=0 if quiet else 3, usage="chunk")) as own:
+        own.enqueue(first)
+        client = llmspans.instrument(
+            openai.OpenAI(base_url=own.base_url, api_key="k", max_retries=0), hedge=llmspans.Hedge(after=0.05)
+        )
+        with client:
+            stream = client.chat.completions.create(
+                model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+            )
+            return [c.choices[0].delta.content for c in stream if c.choices]
+
+
 class Work:
     """What a job handed to the worker does (the fault makes it raise)."""
 
@@ -244,6 +260,13 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.CLASS_INSTRUMENT: (class_level_call, None),
     sites.CONTENT_CHUNK: (lambda url: openai_stream(url, capture_content=True), None),
     sites.DEFERRED_WORK: (deferred_job, lambda: patched(Work, "run", raising)),
+    sites.HEDGE_BEGIN: (hedged_stream, None),
+    sites.HEDGE_CLOSE: (hedged_stream, None),
+    sites.HEDGE_CONNECTION: (hedged_stream, None),
+    sites.HEDGE_FINISH: (hedged_stream, None),
+    sites.HEDGE_FIRE: (hedged_stream, None),
+    sites.HEDGE_READ: (lambda url: hedged_stream(url, quiet=True), None),
+    sites.HEDGE_SPAN: (hedged_stream, None),
     sites.HTTPX_BEGIN: (plain_call, None),
     sites.HTTPX_CONTENT: (lambda url: plain_call(url, capture_content=True), None),
     sites.LIMITER_RECORD: (with_limiter_block, None),
