@@ -381,8 +381,8 @@ def _hedging(hedging: Hedging) -> str:
             own.append(f"p95 {seconds(first.p95)} where they got there first ({first.count})")
         if cut is not None:
             own.append(
-                f"none after p50 {seconds(cut.p50)}, p95 {seconds(cut.p95)} where the backup won ({cut.count}, "
-                "then stopped)"
+                f"where the backup won ({cut.count}), unknown: stopped with none yet after p50 {seconds(cut.p50)}, "
+                f"p95 {seconds(cut.p95)} (a lower bound)"
             )
         if own:
             text += f", and their primaries' own time to a first token: {'; '.join(own)}"

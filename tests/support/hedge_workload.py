@@ -20,8 +20,11 @@ import openai
 import llmspans
 from llmspans.tools.simulator import Behavior, SimulatedServer
 
-AFTER = 0.1
-SLOW, LATE = 0.8, 0.3
+# A call answered at once takes a few ms on loopback; AFTER leaves it 300 ms, so a busy machine's stall does not
+# send its backup. The late primary beats its slow backup by AFTER + SLOW - LATE, the fast backups their slow
+# primaries by SLOW - AFTER.
+AFTER = 0.3
+SLOW, LATE = 1.5, 0.6
 WORDS = 4
 CALLS, FIRED, BACKUP_WON, SKIPPED = 10, 3, 2, 1
 
@@ -37,6 +40,15 @@ def run(server: SimulatedServer) -> None:
     alone = llmspans.instrument(
         openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0),
         hedge=llmspans.Hedge(after=AFTER), limiter=llmspans.Limiter(1, name="alone"),
+    )  # fmt: skip
+    # A process's first openai call builds the SDK's types (50-150 ms of CPU): paid here, by a client without a
+    # hedge and not instrumented, so no call of the plan waits for it.
+    server.enqueue(_behavior())
+    list(
+        openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0).chat.completions.create(
+            model="sim-model", messages=[{"role": "user", "content": "warm-up"}], stream=True,
+            stream_options={"include_usage": True},
+        )
     )  # fmt: skip
     plan: list[tuple[Any, tuple[Behavior, ...]]] = [(hedged, (_behavior(),))] * 6
     plan += [(hedged, (_behavior(SLOW), _behavior()))] * 2
