@@ -722,7 +722,14 @@ class Race:
             name="llmspans-hedge-backup",
             daemon=True,
         )
-        thread.start()
+        try:
+            thread.start()
+        except BaseException as error:  # no thread to be had: the backup never left, the primary goes on
+            with self.lock:
+                self.backup_outcome = (None, error)
+            self._release(backup)
+            self.backup_done.set()  # a primary that fails must not wait for it
+            raise
 
     def _run_backup_sync(self, backup: HedgeCopy) -> None:
         outcome: tuple[Any, BaseException | None]
@@ -790,7 +797,9 @@ class Race:
                     {tasks[0], self.decided}, timeout=max(0.0, delay), return_when=asyncio.FIRST_COMPLETED
                 )
                 if not self.decided.done() and not tasks[0].done():
-                    backup = self._fire()
+                    backup = None
+                    with swallow(sites.HEDGE_FIRE):  # a backup that cannot be made: the call goes on unhedged
+                        backup = self._fire()
                     if backup is not None:
                         tasks.append(
                             self._start_task(loop, backup, self.hedging.backup_request(self.adapter))
@@ -846,6 +855,11 @@ class Race:
     # --- the answer ---
 
     def _hand_over(self, copy: HedgeCopy, result: Any) -> Any:
+        # The race lives as long as the HTTP pool holds a copy's request (until its response is closed): it
+        # must not hold the answer, or an answer the app drops unclosed is never collected, and its
+        # connection never closed, as it is without a hedge.
+        self.backup_outcome = (None, None)
+        copy.task = None  # a finished task holds its result
         if isinstance(result, _ReadAhead):
             replay = _AsyncReplay if self.hedging.is_async else _SyncReplay
             return replay(result.stream, self.call, copy, collections.deque(result.buffered))
@@ -1082,6 +1096,9 @@ class _Alarms:
                 race.fire_sync()
             except Exception as failure:
                 report(sites.HEDGE_FIRE, failure)
+            # Not kept until the next alarm: a call the app dropped unclosed must be collectable, so that
+            # its connection is closed as without a hedge.
+            del race
 
     def forget(self) -> None:
         """At fork: the child has no alarm thread; its next sync hedged call starts one."""

@@ -9,6 +9,7 @@ spelt as a literal in the code instead of through `_sites`, fails this file.
 from __future__ import annotations
 
 import ast
+import asyncio
 import gc
 import logging
 from collections.abc import Callable, Iterator
@@ -203,19 +204,33 @@ def cache_lookup_call(url: str) -> Any:
 
 
 def hedged_stream(url: str, quiet: bool = False) -> Any:
-    """A sync hedged stream whose slow primary loses to its backup: every hedge site on the way (the
-    simulator of the test is shared by both runs, so the race has a server of its own)."""
+    """A sync hedged stream whose slow primary loses to its backup, then the same with an async client: every
+    hedge site on the way, on both paths (the simulator of the test is shared by both runs, so the races
+    have a server of their own)."""
     first = Behavior(chunks=0 if quiet else 3, usage="chunk", first_chunk_delay=0.4)
+    request: dict[str, Any] = {
+        "model": "m", "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}
+    }  # fmt: skip
     with SimulatedServer(Behavior(chunks=0 if quiet else 3, usage="chunk")) as own:
         own.enqueue(first)
         client = llmspans.instrument(
             openai.OpenAI(base_url=own.base_url, api_key="k", max_retries=0), hedge=llmspans.Hedge(after=0.05)
         )
         with client:
-            stream = client.chat.completions.create(
-                model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
-            )
-            return [c.choices[0].delta.content for c in stream if c.choices]
+            sync = [
+                c.choices[0].delta.content for c in client.chat.completions.create(**request) if c.choices
+            ]
+
+        async def run_async() -> list[Any]:
+            async with llmspans.instrument(
+                openai.AsyncOpenAI(base_url=own.base_url, api_key="k", max_retries=0),
+                hedge=llmspans.Hedge(after=0.05),
+            ) as client:
+                stream = await client.chat.completions.create(**request)
+                return [c.choices[0].delta.content async for c in stream if c.choices]
+
+        own.enqueue(first)
+        return sync, asyncio.run(run_async())
 
 
 class Work:

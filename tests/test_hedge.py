@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 import llmspans
 from llmspans import _hedge, _prompt
 from llmspans import _names as names
-from llmspans.testing import Captured
+from llmspans.testing import Captured, settle
 from llmspans.tools.simulator import Behavior, RecordedRequest, SimulatedServer
 
 SERVER_BEHAVIOR = Behavior(chunks=3, usage="finish")
@@ -608,6 +609,80 @@ def test_an_async_hedge_returns_with_the_loser_already_closed_and_no_task_left(
     assert answer.tasks_left == 0
     primary, _ = requests_of(server)
     assert primary.disconnected_ns is not None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_hedged_stream_dropped_unclosed_ends_its_call_once_and_closes_the_winner(
+    kind: str, server: SimulatedServer, captured: Captured
+) -> None:
+    """The backup won; the app reads one chunk and drops the stream without closing it: the collector's
+    finalizer ends the call span (once, abandoned), gives back both slots and closes the winner's connection."""
+    spans = _Open()
+    captured.tracer_provider.add_span_processor(spans)
+    server.enqueue(slow(True), Behavior(chunks=50, chunk_gap=0.05))
+    limiter = llmspans.Limiter(4, name="lane")
+    request = {"model": "sim-model", "messages": MESSAGES, "stream": True}
+    if kind == "sync":
+        client = llmspans.instrument(
+            openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0),
+            hedge=llmspans.Hedge(after=AFTER), limiter=limiter,
+        )  # fmt: skip
+        with _no_backup_threads():
+            stream = client.chat.completions.create(**request)
+            next(iter(stream))
+            del stream
+            gc.collect()
+            settle()
+    else:
+
+        async def run() -> None:
+            client = llmspans.instrument(
+                openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0),
+                hedge=llmspans.Hedge(after=AFTER), limiter=limiter,
+            )  # fmt: skip
+            stream = await client.chat.completions.create(**request)
+            await stream.__anext__()
+            del stream
+            gc.collect()
+            settle()
+
+        asyncio.run(run())
+    primary, backup = requests_of(server)
+    assert primary.disconnected_ns is not None
+    assert backup.disconnected_ns is not None
+    assert len(backup.chunk_sent_ns) < 50
+    call = call_span(captured).attributes or {}
+    assert call[names.HEDGE_WON_BY] == names.HEDGE_ROLE_BACKUP
+    assert call[names.STREAM_OUTCOME] == names.OUTCOME_ABANDONED
+    assert spans.started == spans.ended == 3
+    assert limiter.in_flight == 0
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_backup_that_fails_leaves_the_call_to_its_primary(
+    kind: str, stream: bool, server: SimulatedServer, captured: Captured
+) -> None:
+    server.enqueue(slow(stream, 0.4), Behavior(status=500))
+    answer = ask(kind, server.base_url, stream=stream)
+    assert answer.id.endswith("sim1")
+    call = call_span(captured).attributes or {}
+    assert (call[names.HEDGE_FIRED], call[names.HEDGE_WON_BY]) == (True, names.HEDGE_ROLE_PRIMARY)
+    assert names.ERROR_TYPE not in call
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_when_both_copies_fail_the_app_sees_the_sdks_error_for_its_primary(
+    kind: str, stream: bool, server: SimulatedServer, captured: Captured
+) -> None:
+    """Never llmspans' own HedgeCancelled: the primary's failure, as the SDK raises it without a hedge."""
+    server.enqueue(Behavior(status=503, header_delay=0.4), Behavior(status=500))
+    with pytest.raises(openai.InternalServerError) as raised:
+        ask(kind, server.base_url, stream=stream)
+    assert raised.value.status_code == 503
+    assert len(requests_of(server)) == 2
+    call_span(captured)  # one call span, ended
 
 
 # --- what instrument() takes ---------------------------------------------------------------------------------
