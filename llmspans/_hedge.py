@@ -290,13 +290,11 @@ def unwatch(client: Any) -> None:
 
 
 class _CopyAttempt(Attempt):
-    """An attempt of a copy: its span says which copy it is, and whether it won, from its start."""
+    """An attempt of a copy: its span says which copy it is, and whether it won, from its start. The
+    transport makes a plain `Attempt`; `_CopyAttempts.append` makes it this (the same layout, no slots)."""
 
-    __slots__ = ("_span", "role")
-
-    def __init__(self, role: str, started_ns: int, method: str, url: Any) -> None:
-        self.role = role
-        super().__init__(started_ns, method, url)
+    role = names.HEDGE_ROLE_PRIMARY
+    _span: Any = None
 
     @property
     def span(self) -> Any:
@@ -308,6 +306,27 @@ class _CopyAttempt(Attempt):
         if span is not None:
             with swallow(sites.HEDGE_SPAN):
                 span.set_attributes({names.HEDGE_ROLE: self.role, names.HEDGE_WON: False})
+
+
+class _CopyAttempts(list[Attempt]):
+    """A copy's attempts. The transport appends each one as it starts, before its span is made: here it
+    becomes the copy's, and a copy that lost sends nothing more (the SDK retrying it after its back-off).
+    A hedge adds nothing to the transport's per-attempt path; a call without one never meets this list."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, copy: HedgeCopy) -> None:
+        super().__init__()
+        self.owner = copy
+
+    def append(self, attempt: Attempt) -> None:
+        copy = self.owner
+        if copy.cancelled:
+            raise HedgeCancelled(copy.role)
+        if type(attempt) is Attempt:
+            attempt.__class__ = _CopyAttempt
+            attempt.role = copy.role  # type: ignore[attr-defined]
+        super().append(attempt)
 
 
 class _CopyWatch:
@@ -342,7 +361,7 @@ class HedgeCopy(CallRecord):
         call = race.call
         self.race = race
         self.role = role
-        self.attempts = []
+        self.attempts = _CopyAttempts(self)
         self.span = call.span
         self.recording = call.recording
         self.suppressed = call.suppressed
@@ -367,10 +386,8 @@ class HedgeCopy(CallRecord):
     # --- what the transport calls ---
 
     def attempt(self, started_ns: int, method: str = "POST", url: Any = None) -> Attempt:
-        if self.cancelled:  # the SDK retrying a copy that lost (after its back-off sleep): not sent
-            raise HedgeCancelled(self.role)
-        attempt = _CopyAttempt(self.role, started_ns, method, url)
-        self.attempts.append(attempt)
+        attempt = Attempt(started_ns, method, url)
+        self.attempts.append(attempt)  # raises HedgeCancelled for a copy that lost
         return attempt
 
     def finish(self, outcome: str, error: BaseException | None = None, now_ns: int | None = None) -> None:

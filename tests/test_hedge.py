@@ -23,7 +23,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 import llmspans
-from llmspans import _hedge, _prompt
+from llmspans import _hedge, _prompt, _suppress
 from llmspans import _names as names
 from llmspans.testing import Captured, settle
 from llmspans.tools.simulator import Behavior, RecordedRequest, SimulatedServer
@@ -683,6 +683,19 @@ def test_when_both_copies_fail_the_app_sees_the_sdks_error_for_its_primary(
     assert raised.value.status_code == 503
     assert len(requests_of(server)) == 2
     call_span(captured)  # one call span, ended
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_hedge_acts_when_nothing_records(kind: str, server: SimulatedServer, captured: Captured) -> None:
+    """A lever acts whoever listens: with recording suppressed (as with no provider at all), the slow primary is
+    still beaten by its backup and closed, and nothing is recorded."""
+    server.enqueue(slow(True), FAST)
+    with _suppress.suppressing():
+        answer = ask(kind, server.base_url, stream=True)
+    primary, _backup = requests_of(server)
+    assert answer.id.endswith("sim2")
+    assert was_cut(primary, True)
+    assert [s for s in captured.spans if (s.attributes or {}).get(names.STAGE) == names.STAGE_LLM] == []
 
 
 # --- what instrument() takes ---------------------------------------------------------------------------------
