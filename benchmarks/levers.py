@@ -40,7 +40,8 @@ MODEL = "gpt-4o-mini"
 
 
 def _providers() -> None:
-    from opentelemetry import trace
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
@@ -54,7 +55,10 @@ def _providers() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
-    _telemetry.aggregate_with(Aggregation())
+    meter_provider = MeterProvider()  # no reader: recorded into llmspans' aggregation, never exported
+    _telemetry.aggregate_with(meter_provider, Aggregation())
+    metrics.set_meter_provider(meter_provider)
+    _telemetry.pick_up_providers()
 
 
 def _cpu_best(function: Callable[[], Any], number: int, repeat: int) -> float:
