@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import http
 import json
+import math
 import random
 import select
 import selectors
@@ -621,7 +622,10 @@ class Exchange:
         """Wait until `deadline_ns`; True as soon as the client closed its end. `stop()` shuts every
         connection down, which wakes this wait too: that is the server going, not the client."""
         remaining = deadline_ns - time.perf_counter_ns()
-        readable, _, _ = select.select([self.sock], [], [], max(0.0, remaining / 1e9))
+        # poll, not select: a server with more than 1,024 connections open has descriptors select cannot take
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        readable = poller.poll(max(0, math.ceil(remaining / 1e6)))
         if not readable or self._stopping.is_set():
             return False
         try:
