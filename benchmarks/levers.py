@@ -1,4 +1,5 @@
-"""What the levers cost (issue 26): a prompt cap's estimate, a capped call, a cache lookup, a watched call.
+"""What the levers cost (issue 26): a prompt cap's estimate, a capped call, a cache lookup, a watched call,
+a hedged call.
 
 The estimate runs on every capped call, before the request leaves, so its time is added to the call's
 first_token. Measured here for a short prompt (one 100-character message) and a 100 KB one, with each
@@ -8,8 +9,13 @@ machine cannot make). Then what a call pays for the levers: their own work on on
 estimated, its usage compared, finished), best of many turns against the same record without them; and
 over a whole non-streamed openai call against an in-memory transport (no network, the method of
 benchmarks/inprocess.py), the median of paired differences, which a shared machine makes noisy. Last, a
-`with llmspans.cache_lookup(...)` block against an `@llmspans.stage` call. Spans are made, recorded and
-dropped unencoded; metrics go to llmspans' own aggregation, as `configure()` sets them up.
+`with llmspans.cache_lookup(...)` block against an `@llmspans.stage` call. Then a hedged client against an
+instrumented one without a hedge, over loopback to simulators in processes of their own (so the CPU
+counted is the client's alone), sync and async, whole and streamed, as the median of paired blocks: a call
+whose backup is never sent (what every call of a hedged client pays), a call whose backup is sent (both
+copies answer after 30 ms and the hedge fires after 10 ms; sync and async), and the per-chunk cost of a
+hedged stream of 2,000 chunks. Spans are made, recorded and dropped unencoded; metrics go to llmspans' own
+aggregation, as `configure()` sets them up.
 
     python benchmarks/levers.py            # a few minutes on 2 cores
     python benchmarks/levers.py --quick    # checks that it runs
@@ -34,7 +40,8 @@ MODEL = "gpt-4o-mini"
 
 
 def _providers() -> None:
-    from opentelemetry import trace
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
@@ -48,7 +55,10 @@ def _providers() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
-    _telemetry.aggregate_with(Aggregation())
+    meter_provider = MeterProvider()  # no reader: recorded into llmspans' aggregation, never exported
+    _telemetry.aggregate_with(meter_provider, Aggregation())
+    metrics.set_meter_provider(meter_provider)
+    _telemetry.pick_up_providers()
 
 
 def _cpu_best(function: Callable[[], Any], number: int, repeat: int) -> float:
@@ -231,6 +241,120 @@ def lookup_cost(quick: bool) -> tuple[float, float, float]:
         _cache.stop_watching()
 
 
+def _simulator(*arguments: str) -> tuple[Any, str]:
+    """A simulator in a process of its own (its CPU is not the client's), and its base URL."""
+    import subprocess
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmspans.tools.simulator", *arguments], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    return process, process.stdout.readline().strip()
+
+
+def hedge_costs(quick: bool) -> list[tuple[str, float, float]]:
+    """(what, median added CPU µs per call or per chunk, interquartile range) of a hedged client against a
+    client without a hedge, over loopback."""
+    import asyncio
+
+    import openai
+
+    import llmspans
+
+    short, short_url = _simulator("--chunks", "8", "--usage", "chunk")
+    long, long_url = _simulator("--chunks", "2000")
+    messages = [{"role": "user", "content": "what does a hedge cost"}]
+    try:
+
+        def sync(url: str, hedge: Any) -> Any:
+            client = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
+            return llmspans.instrument(client, hedge=hedge)
+
+        def async_(url: str, hedge: Any) -> Any:
+            client = openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0)
+            return llmspans.instrument(client, hedge=hedge)
+
+        never = llmspans.Hedge(after=30)  # a backup due after 30 s: never sent here
+        fires = llmspans.Hedge(after=0.01)
+        slow = {"x_sim": {"header_delay": 0.03}}
+
+        def sync_block(client: Any, n: int, stream: bool, body: dict[str, Any] | None = None) -> float:
+            started = time.process_time()
+            for _ in range(n):
+                result = client.chat.completions.create(
+                    model=MODEL, messages=messages, stream=stream, extra_body=body
+                )
+                if stream:
+                    for _chunk in result:
+                        pass
+            return (time.process_time() - started) / n
+
+        loop = asyncio.new_event_loop()
+
+        def async_block(client: Any, n: int, stream: bool, body: dict[str, Any] | None = None) -> float:
+            async def calls() -> None:
+                for _ in range(n):
+                    result = await client.chat.completions.create(
+                        model=MODEL, messages=messages, stream=stream, extra_body=body
+                    )
+                    if stream:
+                        async for _chunk in result:
+                            pass
+
+            started = time.process_time()
+            loop.run_until_complete(calls())
+            return (time.process_time() - started) / n
+
+        n, repeats = (10, 3) if quick else (200, 21)
+        plain_s, hedged_s = sync(short_url, None), sync(short_url, never)
+        fired_s = sync(short_url, fires)
+        plain_a, hedged_a = async_(short_url, None), async_(short_url, never)
+        fired_a = async_(short_url, fires)
+        plain_l, hedged_l = sync(long_url, None), sync(long_url, never)
+        arms: dict[str, tuple[Callable[[], float], Callable[[], float], float]] = {
+            "sync call, not fired": (
+                lambda: sync_block(hedged_s, n, False), lambda: sync_block(plain_s, n, False), 1
+            ),
+            "sync stream, not fired": (lambda: sync_block(hedged_s, n, True), lambda: sync_block(plain_s, n, True), 1),
+            "async call, not fired": (lambda: async_block(hedged_a, n, False), lambda: async_block(plain_a, n, False), 1),
+            "async stream, not fired": (
+                lambda: async_block(hedged_a, n, True), lambda: async_block(plain_a, n, True), 1
+            ),
+            "sync call, fired (both copies 30 ms)": (
+                lambda: sync_block(fired_s, max(2, n // 4), False, slow),
+                lambda: sync_block(plain_s, max(2, n // 4), False, slow), 1,
+            ),
+            "async call, fired (both copies 30 ms)": (
+                lambda: async_block(fired_a, max(2, n // 4), False, slow),
+                lambda: async_block(plain_a, max(2, n // 4), False, slow), 1,
+            ),
+            "sync stream of 2,000 chunks, per chunk": (
+                lambda: sync_block(hedged_l, max(2, n // 20), True), lambda: sync_block(plain_l, max(2, n // 20), True),
+                2000,
+            ),
+        }  # fmt: skip
+        rows = []
+        for what, (with_hedge, without, per) in arms.items():
+            with_hedge()
+            without()  # warm
+            added = []
+            for repeat in range(repeats):
+                if repeat % 2:
+                    a, b = with_hedge(), without()
+                else:
+                    b, a = without(), with_hedge()
+                added.append((a - b) * 1e6 / per)
+            quartiles = statistics.quantiles(added, n=4)
+            rows.append((what, statistics.median(added), quartiles[2] - quartiles[0]))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+        return rows
+    finally:
+        for process in (short, long):
+            process.terminate()
+            process.wait()
+
+
 class _Done:
     """What the window reads of a finished call."""
 
@@ -257,6 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     looked_up, staged, bare = lookup_cost(args.quick)
     print(f"\nCPU per cache_lookup block (a hit, priced from a full window): {looked_up:.1f} µs; per "
           f"@llmspans.stage call {staged:.1f} µs; per bare block {bare:.2f} µs (best of 15)")  # fmt: skip
+    print(
+        "\nAdded CPU of a hedged client over one without a hedge, over loopback, median of paired blocks (IQR):"
+    )
+    for what, median, spread in hedge_costs(args.quick):
+        unit = "µs per chunk" if "per chunk" in what else "µs per call"
+        print(f"  {what:<40} {median:>8.2f} {unit}  (IQR {spread:.2f})")
     return 0
 
 

@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
         "--html", metavar="OUT.html", help="also write the report as a self-contained HTML page"
     )
     demo.add_argument("--top", type=int, default=5, metavar="N", help="how many slowest traces to list (5)")
+    demo.add_argument(
+        "--hedge", action="store_true",
+        help="hedge each LLM call after 150 ms (to the other replica in the slow-replica scenario)",
+    )  # fmt: skip
 
     load = commands.add_parser(
         "load",
@@ -104,7 +108,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     scenario = SCENARIOS[args.scenario]
     say = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the document alone
-    service = SERVICE_PREFIX + scenario.name
+    service = SERVICE_PREFIX + scenario.name + ("-hedged" if args.hedge else "")
     configuration = llmspans.configure(service_name=service)
     # A copy of this run's spans in memory: the report covers this run only, whatever else the
     # traces file holds, and works the same when the spans leave over OTLP.
@@ -116,10 +120,16 @@ def _demo(args: argparse.Namespace) -> int:
     def started(url: str, client: str, cap: int, idle_slots: int) -> None:
         _say(say, f"llmspans demo, scenario '{scenario.name}': injects {scenario.injects}")
         held = f", {idle_slots} of them held idle by a background job" if idle_slots else ""
+        where = (
+            f"{scenario.replicas} SIMULATED OpenAI-compatible servers (replicas, called in turn) at {url}"
+            if scenario.replicas > 1
+            else f"a SIMULATED OpenAI-compatible server at {url}"
+        )
+        hedged = "; each call hedged after 150 ms" if args.hedge else ""
         _say(
             say,
-            f"LLM: a SIMULATED OpenAI-compatible server at {url} (no real model), called through the {client} "
-            f"client; {args.requests} chat turns, {args.concurrency} users at once, limiter cap {cap}{held}",
+            f"LLM: {where} (no real model), called through the {client} client; {args.requests} chat turns, "
+            f"{args.concurrency} users at once, limiter cap {cap}{held}{hedged}",
         )
         say.flush()
 
@@ -127,7 +137,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         result = run(
             scenario, requests=args.requests, concurrency=args.concurrency, seed=args.seed, client=args.client,
-            progress=progress, on_start=started,
+            progress=progress, on_start=started, hedge=args.hedge,
         )  # fmt: skip
     except (ValueError, ImportError) as error:
         print(f"llmspans demo: {error}", file=sys.stderr)
@@ -157,6 +167,13 @@ def _demo(args: argparse.Namespace) -> int:
         others = ", ".join(name for name in SCENARIOS if name != scenario.name)
         print()
         _say(sys.stdout, f"(simulated) try another bottleneck: llmspans demo --scenario {{{others}}}")
+        if scenario.replicas > 1 and not args.hedge:
+            _say(
+                sys.stdout,
+                f"(simulated) the same turns with each call hedged to the other replica after 150 ms: llmspans "
+                f"demo --scenario {scenario.name} --hedge; compare the two runs' files with llmspans report "
+                "--baseline BEFORE AFTER",
+            )
     return EXIT_OK
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from llmspans import _budget, _classes, _content, _phases, _prompt
+from llmspans import _budget, _classes, _content, _hedge, _phases, _prompt
 from llmspans._adapters import Adapter, openai_sdk, plain_http
 from llmspans._limiter import Limiter
 from llmspans._settings import Settings, check_attempt_spans
@@ -58,6 +58,7 @@ def instrument(
     max_prompt_tokens: int | None = None,
     on_exceed: str | None = None,
     prompt_tokenizer: str | None = None,
+    hedge: _hedge.Hedge | None = None,
 ) -> C:
     """Instrument an LLM client in place and return it: `client = llmspans.instrument(OpenAI())`.
 
@@ -76,17 +77,21 @@ def instrument(
     for tiktoken's encoding of the OpenAI models it knows, `"hf:<name or path>"`, `"tiktoken:<encoding>"`
     or `"chars"`; characters/4 where none is available) and marks the calls over N; `on_exceed="error"`
     raises `llmspans.PromptTooLarge` for them instead, before anything is sent.
+    `hedge=llmspans.Hedge(after=..., backup=...)` (openai clients only) sends a second copy of a call that has
+    no first token (or, not streamed, no response headers) after `after`, keeps the first to answer and
+    closes the other; only calls that change nothing on the server are ever sent twice (README "Levers").
     """
     options: dict[str, Any] = {
         "provider": provider, "limiter": limiter, "budget": budget, "capture_content": capture_content,
         "request_usage": request_usage, "server_metrics": server_metrics, "attempt_spans": attempt_spans,
         "phase_spans": phase_spans, "max_prompt_tokens": max_prompt_tokens, "on_exceed": on_exceed,
-        "prompt_tokenizer": prompt_tokenizer,
+        "prompt_tokenizer": prompt_tokenizer, "hedge": hedge,
     }  # fmt: skip
     if isinstance(client, type):
         if not any(adapter.matches_class(client) for adapter in ADAPTERS):
             raise _not_a_client(client, "llmspans.instrument()")
         _check(**options)
+        _hedge.check_client(hedge, client)
         _classes.instrument_class(client, options, instrument, _installed)
         return client
     adapter = adapter_for(client)
@@ -120,19 +125,22 @@ def _check(**options: Any) -> None:
         _budget.parse_seconds(options["budget"], what="budget for the LLM call")
     _content.check(options["capture_content"])
     _prompt.check(options["max_prompt_tokens"], options["on_exceed"], options["prompt_tokenizer"])
+    _hedge.check(options["hedge"])
 
 
 def _instrument_one(
     adapter: Adapter, client: C, *, provider: str | None, limiter: Limiter | None, budget: float | str | None,
     capture_content: Any, request_usage: bool, server_metrics: Any, attempt_spans: str | None,
     phase_spans: str | None, max_prompt_tokens: int | None, on_exceed: str | None, prompt_tokenizer: str | None,
+    hedge: _hedge.Hedge | None,
 ) -> C:  # fmt: skip
     _check(
         provider=provider, limiter=limiter, budget=budget, capture_content=capture_content,
         request_usage=request_usage, server_metrics=server_metrics, attempt_spans=attempt_spans,
         phase_spans=phase_spans, max_prompt_tokens=max_prompt_tokens, on_exceed=on_exceed,
-        prompt_tokenizer=prompt_tokenizer,
+        prompt_tokenizer=prompt_tokenizer, hedge=hedge,
     )  # fmt: skip
+    _hedge.check_client(hedge, client)
     attempt_spans = check_attempt_spans(attempt_spans)
     phase_spans = _phases.check(phase_spans)
     budget_seconds = None if budget is None else _budget.parse_seconds(budget, what="budget for the LLM call")
@@ -161,6 +169,7 @@ def _instrument_one(
         prompt_cap=None
         if max_prompt_tokens is None
         else _prompt.PromptCap(max_prompt_tokens, on_exceed, prompt_tokenizer),
+        hedge=None if hedge is None else _hedge.Hedging(hedge, client),
     )
     adapter.install(client, settings)
     return client
@@ -186,6 +195,15 @@ def instrument_all(*, httpx: bool = False, **settings: Any) -> list[type]:
     those that exist. `settings` are `instrument()`'s. Returns the classes instrumented."""
     if not isinstance(httpx, bool):
         raise TypeError(f"httpx must be True or False, got {httpx!r}")
+    hedge = settings.get("hedge")
+    if hedge is not None:
+        _hedge.check(hedge)
+        if httpx or hedge.backup is not None:
+            raise TypeError(
+                "instrument_all(hedge=...) hedges the openai classes with the same client as backup (backup=None): "
+                "a backup client is of one kind, and a plain httpx client cannot be hedged; instrument the one class "
+                "instead, llmspans.instrument(openai.AsyncOpenAI, hedge=...)"
+            )
     classes: list[type] = []
     wanted = [("openai", ("OpenAI", "AsyncOpenAI"))]
     if httpx:

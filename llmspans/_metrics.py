@@ -102,10 +102,21 @@ CACHE_SAVED_ESTIMATE = InstrumentSpec(
     "On a cache hit, the LLM call time it saved, estimated as the p50 of this process's recent calls.",
     HISTOGRAM, names.DURATION_BOUNDARIES,
 )  # fmt: skip
+HEDGE_FIRED = InstrumentSpec(
+    13, names.METRIC_HEDGE_FIRED, "{call}", "Hedged calls whose backup copy was sent.", COUNTER, integer=True
+)
+HEDGE_BACKUP_WON = InstrumentSpec(
+    14, names.METRIC_HEDGE_BACKUP_WON, "{call}", "Hedged calls the backup copy won.", COUNTER, integer=True
+)
+HEDGE_WASTED_TOKENS = InstrumentSpec(
+    15, names.METRIC_HEDGE_WASTED_TOKENS, "{token}",
+    "Tokens of the copy a hedged call threw away: its input, and the output it had received.", COUNTER,
+    integer=True,
+)  # fmt: skip
 INSTRUMENTS: tuple[InstrumentSpec, ...] = (
     OPERATION_DURATION, TOKEN_USAGE, TIME_TO_FIRST_CHUNK, TIME_PER_OUTPUT_CHUNK, BUCKET_DURATION,
     STAGE_DURATION, BUDGET_EXCEEDED, RETRY_ATTEMPTS, CONNECT_NEW, STREAM_OUTPUT_SPEED, PROMPT_ESTIMATE_RATIO,
-    CACHE_LOOKUPS, CACHE_SAVED_ESTIMATE,
+    CACHE_LOOKUPS, CACHE_SAVED_ESTIMATE, HEDGE_FIRED, HEDGE_BACKUP_WON, HEDGE_WASTED_TOKENS,
 )  # fmt: skip
 # The per-chunk gaps are counted on these boundaries in nanoseconds while the stream runs.
 CHUNK_BOUNDARIES_NS: tuple[int, ...] = tuple(round(bound * 1e9) for bound in TIME_PER_OUTPUT_CHUNK.boundaries)

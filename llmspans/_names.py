@@ -153,6 +153,21 @@ CACHE_NAME: Final = "llmspans.cache.name"
 CACHE_HIT: Final = "llmspans.cache.hit"
 CACHE_MODEL: Final = "llmspans.cache.model"
 CACHE_SAVED_ESTIMATE: Final = "llmspans.cache.saved_estimate"
+# Hedged requests (`instrument(client, hedge=llmspans.Hedge(...))`): on the call span, whether the backup copy
+# was sent, after how long, which copy won and the loser's tokens; on each copy's attempt span its role,
+# whether it won and its own time to its first token (streamed) or response headers (not streamed).
+HEDGE_FIRED: Final = "llmspans.hedge.fired"
+HEDGE_AFTER: Final = "llmspans.hedge.after"
+HEDGE_WON_BY: Final = "llmspans.hedge.won_by"
+HEDGE_SKIPPED: Final = "llmspans.hedge.skipped"
+HEDGE_WASTED_INPUT_TOKENS: Final = "llmspans.hedge.wasted_input_tokens"
+HEDGE_WASTED_OUTPUT_TOKENS: Final = "llmspans.hedge.wasted_output_tokens"
+HEDGE_ROLE: Final = "llmspans.hedge.role"
+HEDGE_WON: Final = "llmspans.hedge.won"
+HEDGE_FIRST_TOKEN: Final = "llmspans.hedge.first_token"
+HEDGE_ROLE_PRIMARY: Final = "primary"
+HEDGE_ROLE_BACKUP: Final = "backup"
+HEDGE_SKIPPED_LIMITER: Final = "limiter_full"  # the hedge came due, but the client's limiter had no free slot
 
 TURN_STAGE_PREFIX: Final = "llmspans.turn.stage."
 TURN_DOMINANT_STAGE: Final = "llmspans.turn.dominant_stage"
@@ -164,6 +179,7 @@ EVENT_FIRST_TOKEN: Final = "llmspans.first_token"
 EVENT_LAST_TOKEN: Final = "llmspans.last_token"
 EVENT_RETRY: Final = "llmspans.retry"
 EVENT_BUDGET_EXCEEDED: Final = "llmspans.budget.exceeded"
+EVENT_HEDGE: Final = "llmspans.hedge"  # the backup copy of a hedged call was sent
 # Seconds from the call's start to an event's instant (some UIs show event times coarsely).
 ELAPSED: Final = "llmspans.elapsed"
 # The semantic conventions' exception event; llmspans writes its type, never its message.
@@ -188,6 +204,9 @@ METRIC_LIMITER_CAP: Final = "llmspans.limiter.cap"
 METRIC_PROMPT_ESTIMATE_RATIO: Final = PROMPT_ESTIMATE_RATIO
 METRIC_CACHE_LOOKUPS: Final = "llmspans.cache.lookups"
 METRIC_CACHE_SAVED_ESTIMATE: Final = CACHE_SAVED_ESTIMATE
+METRIC_HEDGE_FIRED: Final = HEDGE_FIRED
+METRIC_HEDGE_BACKUP_WON: Final = "llmspans.hedge.backup_won"
+METRIC_HEDGE_WASTED_TOKENS: Final = "llmspans.hedge.wasted_tokens"
 
 # The SDK's attribute set for points beyond an instrument's cardinality limit (llmspans' own aggregation too).
 METRIC_OVERFLOW: Final = "otel.metric.overflow"

@@ -1,7 +1,7 @@
 """What `instrument()` was asked for, shared by every call of one client, whatever its family.
 
 The settings turn one request into a call record: the provider, budget, limiter, content capture,
-vLLM sampler, attempt-span choice and prompt cap of the client, with the request's own model, stream
+vLLM sampler, attempt-span choice, prompt cap and hedge of the client, with the request's own model, stream
 flag and sampling parameters (read by the wire format).
 """
 
@@ -17,6 +17,7 @@ from llmspans._limiter import Limiter
 from llmspans._prompt import PromptCap
 
 if TYPE_CHECKING:
+    from llmspans._hedge import Hedging
     from llmspans.vllm import ServerMetrics
 
 ATTEMPT_SPANS = ("retries", "always")
@@ -55,6 +56,7 @@ class Settings:
     attempt_spans: str | None = None  # None: configure()'s, else "retries"
     phase_spans: str | None = None  # None: configure()'s (`_phases`)
     prompt_cap: PromptCap | None = None
+    hedge: Hedging | None = None  # openai clients only (`instrument()` refuses it for a plain one)
 
     def close(self) -> None:
         """Stop what instrument() started for this client (a sampler it made)."""

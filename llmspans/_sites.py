@@ -20,6 +20,13 @@ CALL_SPAN_END: Final = "call.span_end"
 CLASS_INSTRUMENT: Final = "class.instrument"
 CONTENT_CHUNK: Final = "content.chunk"  # keeping a streamed chunk's content (capture on)
 DEFERRED_WORK: Final = "deferred.work"
+HEDGE_BEGIN: Final = "hedge.begin"  # deciding whether a call is hedged, and setting up its race
+HEDGE_CLOSE: Final = "hedge.close"  # stopping a copy that lost, giving back its slot
+HEDGE_CONNECTION: Final = "hedge.connection"  # finding a sync copy's connection, to stop it there
+HEDGE_FINISH: Final = "hedge.finish"  # the hedge's attributes and metrics at the call's end
+HEDGE_FIRE: Final = "hedge.fire"  # the alarm that sends a sync call's backup
+HEDGE_READ: Final = "hedge.read"  # reading a copy's stream up to its first content chunk
+HEDGE_SPAN: Final = "hedge.span"  # a copy's attempt span attributes, the call's hedge event
 HTTPX_BEGIN: Final = "httpx.begin"
 HTTPX_CONTENT: Final = "httpx.content"
 LIMITER_RECORD: Final = "limiter.record"
@@ -65,6 +72,13 @@ ALL: Final = frozenset(
         CLASS_INSTRUMENT,
         CONTENT_CHUNK,
         DEFERRED_WORK,
+        HEDGE_BEGIN,
+        HEDGE_CLOSE,
+        HEDGE_CONNECTION,
+        HEDGE_FINISH,
+        HEDGE_FIRE,
+        HEDGE_READ,
+        HEDGE_SPAN,
         HTTPX_BEGIN,
         HTTPX_CONTENT,
         LIMITER_RECORD,

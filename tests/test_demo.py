@@ -129,3 +129,70 @@ def test_demo_json_keeps_stdout_a_single_document(tmp_path: Path) -> None:
     assert report["triage"]["dominant"] == "tool"
     assert "SIMULATED" in result.stderr
     assert "simulated LLM server" in (tmp_path / "demo.html").read_text()
+
+
+def test_hedging_the_slow_replica_cuts_the_first_token_tail_and_the_report_says_what_it_cost(
+    captured: Captured,
+) -> None:
+    """The same turns and the same replicas (one seed), without the hedge and with it."""
+    scenario = SCENARIOS["slow-replica"]
+    run(scenario, requests=REQUESTS, concurrency=CONCURRENCY, seed=11)
+    plain = analyse(spans_of_readable(captured.spans))
+    captured.clear()
+    run(scenario, requests=REQUESTS, concurrency=CONCURRENCY, seed=11, hedge=True)
+    hedged = analyse(spans_of_readable(captured.spans))
+    assert plain.hedging is None
+    plain_p95, hedged_p95 = (
+        next(b for b in report.buckets if b.bucket == "first_token").values.p95 for report in (plain, hedged)
+    )
+    # Without the hedge a slow replica's first tokens (1.0-1.6 s) make the p95; with it, none waits past the
+    # hedge's 150 ms plus the other replica's own first token, and a slow one never answers first.
+    assert plain_p95 >= min(scenario.slow_s)
+    assert hedged_p95 < min(scenario.slow_s) / 2
+    hedging = hedged.hedging
+    assert hedging is not None
+    assert hedging.calls == REQUESTS
+    assert 0 < hedging.backup_won <= hedging.fired < REQUESTS
+    assert hedging.after is not None
+    assert hedging.after.p50 == pytest.approx(0.15)
+    assert hedging.extra_input is not None
+    assert hedging.extra_input == pytest.approx(hedging.wasted_input_tokens / hedging.input_tokens)
+    assert hedging.wasted_input_tokens > 0
+
+
+def test_hedging_needs_the_openai_client() -> None:
+    with pytest.raises(ValueError, match="--hedge needs the openai SDK client"):
+        run(SCENARIOS["slow-replica"], requests=2, client="httpx", hedge=True)
+
+
+def test_the_hedged_demo_command_says_what_the_hedge_did_and_refuses_a_client_it_cannot_hedge(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLMSPANS_"))}
+    plain = subprocess.run(
+        [sys.executable, "-m", "llmspans", "demo", "--scenario", "slow-replica", "--requests", "12"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr
+    out = " ".join(plain.stdout.split())
+    assert "2 SIMULATED OpenAI-compatible servers (replicas, called in turn)" in out
+    assert "Hedging:" not in out
+    assert "llmspans demo --scenario slow-replica --hedge" in out
+    hedged = subprocess.run(
+        [sys.executable, "-m", "llmspans", "demo", "--scenario", "slow-replica", "--requests", "12", "--hedge"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert hedged.returncode == 0, hedged.stderr
+    out = " ".join(hedged.stdout.split())
+    assert "each call hedged after 150 ms" in out
+    assert "Hedging: fired on" in out
+    assert "of 12 calls that could be hedged (after p50 150 ms)" in out
+    assert "more input tokens" in out
+    assert "--service llmspans-demo-slow-replica-hedged" in out
+    refused = subprocess.run(
+        [sys.executable, "-m", "llmspans", "demo", "--hedge", "--client", "httpx", "--requests", "2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("llmspans demo: --hedge needs the openai SDK client")
+    assert len(refused.stderr.strip().splitlines()) == 1  # one line, no traceback

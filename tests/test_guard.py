@@ -9,6 +9,7 @@ spelt as a literal in the code instead of through `_sites`, fails this file.
 from __future__ import annotations
 
 import ast
+import asyncio
 import gc
 import logging
 from collections.abc import Callable, Iterator
@@ -202,6 +203,36 @@ def cache_lookup_call(url: str) -> Any:
     return look()
 
 
+def hedged_stream(url: str, quiet: bool = False) -> Any:
+    """A sync hedged stream whose slow primary loses to its backup, then the same with an async client: every
+    hedge site on the way, on both paths (the simulator of the test is shared by both runs, so the races
+    have a server of their own)."""
+    first = Behavior(chunks=0 if quiet else 3, usage="chunk", first_chunk_delay=0.4)
+    request: dict[str, Any] = {
+        "model": "m", "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}
+    }  # fmt: skip
+    with SimulatedServer(Behavior(chunks=0 if quiet else 3, usage="chunk")) as own:
+        own.enqueue(first)
+        client = llmspans.instrument(
+            openai.OpenAI(base_url=own.base_url, api_key="k", max_retries=0), hedge=llmspans.Hedge(after=0.05)
+        )
+        with client:
+            sync = [
+                c.choices[0].delta.content for c in client.chat.completions.create(**request) if c.choices
+            ]
+
+        async def run_async() -> list[Any]:
+            async with llmspans.instrument(
+                openai.AsyncOpenAI(base_url=own.base_url, api_key="k", max_retries=0),
+                hedge=llmspans.Hedge(after=0.05),
+            ) as client:
+                stream = await client.chat.completions.create(**request)
+                return [c.choices[0].delta.content async for c in stream if c.choices]
+
+        own.enqueue(first)
+        return sync, asyncio.run(run_async())
+
+
 class Work:
     """What a job handed to the worker does (the fault makes it raise)."""
 
@@ -244,6 +275,13 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.CLASS_INSTRUMENT: (class_level_call, None),
     sites.CONTENT_CHUNK: (lambda url: openai_stream(url, capture_content=True), None),
     sites.DEFERRED_WORK: (deferred_job, lambda: patched(Work, "run", raising)),
+    sites.HEDGE_BEGIN: (hedged_stream, None),
+    sites.HEDGE_CLOSE: (hedged_stream, None),
+    sites.HEDGE_CONNECTION: (hedged_stream, None),
+    sites.HEDGE_FINISH: (hedged_stream, None),
+    sites.HEDGE_FIRE: (hedged_stream, None),
+    sites.HEDGE_READ: (lambda url: hedged_stream(url, quiet=True), None),
+    sites.HEDGE_SPAN: (hedged_stream, None),
     sites.HTTPX_BEGIN: (plain_call, None),
     sites.HTTPX_CONTENT: (lambda url: plain_call(url, capture_content=True), None),
     sites.LIMITER_RECORD: (with_limiter_block, None),

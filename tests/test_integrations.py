@@ -936,6 +936,16 @@ def test_the_dashboard_shows_what_the_issue_asks_for(sdk: Emitted) -> None:
     )
     assert sdk.kinds[names.METRIC_CACHE_SAVED_ESTIMATE][2] + "_sum" in queries
     assert f"sum by (le, llmspans_prompt_over_cap) (rate({bucket}_bucket" in queries
+    # hedged requests: fired and won per model, and the wasted input tokens against all input tokens
+    for name in (names.METRIC_HEDGE_FIRED, names.METRIC_HEDGE_BACKUP_WON):
+        assert f"sum by (gen_ai_request_model) (rate({sdk.kinds[name][2]}{{" in queries, name
+    wasted = sdk.kinds[names.METRIC_HEDGE_WASTED_TOKENS][2]
+    usage = sdk.kinds[names.METRIC_TOKEN_USAGE][2]
+    assert re.search(
+        rf"rate\({wasted}\{{[^}}]*gen_ai_token_type=\"input\"\}}[^\n]*/ sum by \(gen_ai_request_model\) "
+        rf"\(rate\({usage}_sum\{{[^}}]*gen_ai_token_type=\"input\"",
+        queries,
+    )
     links = [
         link
         for _, link in walk(dashboard)

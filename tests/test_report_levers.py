@@ -1,5 +1,6 @@
 """`llmspans report` on what the levers did: prompt caps and caches, from the spans of a scripted workload
-(tests/support/levers_workload.py) and from its metrics as a real Prometheus scraped them."""
+(tests/support/levers_workload.py) and from its metrics as a real Prometheus scraped them; hedged requests,
+from the spans of another (tests/support/hedge_workload.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from llmspans.__main__ import main
 from llmspans.report._model import format_seconds
 from llmspans.testing import capture
 from llmspans.tools.simulator import Behavior, SimulatedServer
+from tests.support import hedge_workload
 from tests.support import levers_workload as workload
 from tests.support.prometheus import SCRAPE_INTERVAL_S, prometheus_server
 from tests.support.realservers import free_ports
@@ -225,3 +227,85 @@ def test_prometheus_counts_what_the_levers_did(capsys: pytest.CaptureFixture[str
     assert "Prompt caps:" in text
     assert "Cache 'answers':" in text
     assert "need the spans" in text
+
+
+# --- hedged requests ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hedged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
+    path = tmp_path_factory.mktemp("hedging") / "traces.jsonl"
+    with SimulatedServer(Behavior(chunks=2, usage="chunk")) as server, capture() as captured:
+        hedge_workload.run(server)
+        spans = captured.spans
+    path.write_text(json.dumps(encode_spans(spans).to_dict()) + "\n")
+    return path, spans
+
+
+def test_the_report_says_how_often_the_hedge_fired_and_won_and_what_it_cost(
+    hedged: tuple[Path, list[Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, spans = hedged
+    hedging = _report_json(path, capsys)["hedging"]
+    w = hedge_workload
+    assert (hedging["calls"], hedging["fired"], hedging["backup_won"], hedging["skipped"]) == (
+        w.CALLS,
+        w.FIRED,
+        w.BACKUP_WON,
+        w.SKIPPED,
+    )
+    assert (hedging["share_fired"], hedging["share_won"]) == (w.FIRED / w.CALLS, w.BACKUP_WON / w.CALLS)
+    # Every call reported its prompt's words as input tokens; each backup sent wasted one prompt.
+    assert (hedging["input_tokens"], hedging["wasted_input_tokens"]) == (w.CALLS * w.WORDS, w.FIRED * w.WORDS)
+    assert hedging["extra_input"] == pytest.approx(w.FIRED / w.CALLS)
+    assert hedging["wasted_output_tokens"] == 0
+    assert hedging["after"]["p50"] == w.AFTER
+
+    calls = [s for s in spans if (s.attributes or {}).get(names.HEDGE_FIRED) is True]
+    first_token = [round(s.attributes[names.BUCKET_PREFIX + "first_token"] * 1e9) for s in calls]
+    assert hedging["first_token"]["count"] == w.FIRED
+    assert hedging["first_token"]["p95"] == _p(first_token, 0.95)
+    # The primaries' own time: the one that got there first did after LATE; the two the backup beat were
+    # stopped after about AFTER and the backup's own first token, never after SLOW.
+    first, cut = hedging["primaries_first"], hedging["primaries_cut"]
+    assert (first["count"], cut["count"]) == (w.FIRED - w.BACKUP_WON, w.BACKUP_WON)
+    assert w.LATE <= first["max"] < w.SLOW
+    assert w.AFTER <= cut["p50"] < w.SLOW
+    fired = {call.context.span_id for call in calls}
+    primaries = [
+        s for s in spans
+        if (s.attributes or {}).get(names.HEDGE_ROLE) == names.HEDGE_ROLE_PRIMARY and s.parent.span_id in fired
+    ]  # fmt: skip
+    reached = [
+        s.attributes[names.HEDGE_FIRST_TOKEN] for s in primaries if names.HEDGE_FIRST_TOKEN in s.attributes
+    ]
+    assert first["max"] == pytest.approx(max(reached))
+    stopped = [
+        (s.end_time - s.start_time) / 1e9 for s in primaries if names.HEDGE_FIRST_TOKEN not in s.attributes
+    ]
+    assert cut["max"] == pytest.approx(max(stopped))
+
+
+def test_the_hedging_paragraph_reads_as_the_issue_asked(
+    hedged: tuple[Path, list[Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = hedged
+    assert main(["report", str(path)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "Hedging: fired on 30% of 10 calls that could be hedged (after p50 300 ms) and the backup won 20%"
+        in text
+    )
+    assert "p95 first_token of hedged calls" in text
+    assert "their primaries' own time to a first token: p95" in text
+    assert (
+        "where they got there first (1); where the backup won (2), unknown: stopped with none yet after p50"
+        in text
+    )
+    assert "(a lower bound)" in text
+    assert "it cost 30% more input tokens (12 of 40)" in text
+    assert "1 backup not sent: the limiter had no free slot" in text
+    html = path.with_suffix(".html")
+    assert main(["report", str(path), "--html", str(html)]) == 0
+    page = html.read_text()
+    assert 'class="hedging" data-calls="10" data-fired="3" data-backup-won="2" data-wasted-input="12"' in page

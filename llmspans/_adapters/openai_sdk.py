@@ -320,6 +320,7 @@ class OpenAIInstrumentation:
             _response.AsyncAPIResponse,
         )
         self._original_request = client.request
+        self._send = self._original_request  # what sends an LLM call: the SDK's request, or a hedge's
         self._original_copy = client.copy
         self._transport_installed = False
 
@@ -327,12 +328,14 @@ class OpenAIInstrumentation:
         client = self.client
         client.request = self._async_request if self.is_async else self._sync_request
         client.copy = client.with_options = self._copy
+        if self.settings.hedge is not None:
+            self._send = self.settings.hedge.sender(self)
         self._transport_installed = _transport.install(client._client)
         setattr(client, _MARK, self)
 
     def uninstall(self) -> None:
         client = self.client
-        for attribute in ("request", "copy", "with_options"):
+        for attribute in ("request", "copy", "with_options", "_prepare_request"):  # the last: a sync hedge's
             client.__dict__.pop(attribute, None)
         if self._transport_installed:
             _transport.remove(client._client)
@@ -471,8 +474,12 @@ class OpenAIInstrumentation:
 
     def _sync_request(self, *args: Any, **kwargs: Any) -> Any:
         sinks = _telemetry.recording_sinks()
-        if sinks is None and self.settings.limiter is None and self.settings.prompt_cap is None:
-            # nothing to record, no slot to hold, no prompt to refuse
+        if (
+            sinks is None
+            and self.settings.limiter is None
+            and self.settings.prompt_cap is None
+            and self.settings.hedge is None
+        ):  # nothing to record, no slot to hold, no prompt to refuse, no copy to send
             return self._original_request(*args, **kwargs)
         begun = self._lead_in(args, kwargs, sinks)
         if begun is None:
@@ -484,7 +491,7 @@ class OpenAIInstrumentation:
         record = reading.record
         call_token, context_token = _transport.active_call.set(record), otel_context.attach(record.context())
         try:
-            result = self._original_request(*args, **kwargs)
+            result = self._send(*args, **kwargs)
         except BaseException as error:
             _failed(reading, error)
             raise
@@ -495,8 +502,12 @@ class OpenAIInstrumentation:
 
     async def _async_request(self, *args: Any, **kwargs: Any) -> Any:
         sinks = _telemetry.recording_sinks()
-        if sinks is None and self.settings.limiter is None and self.settings.prompt_cap is None:
-            # nothing to record, no slot to hold, no prompt to refuse
+        if (
+            sinks is None
+            and self.settings.limiter is None
+            and self.settings.prompt_cap is None
+            and self.settings.hedge is None
+        ):  # nothing to record, no slot to hold, no prompt to refuse, no copy to send
             return await self._original_request(*args, **kwargs)
         begun = self._lead_in(args, kwargs, sinks)
         if begun is None:
@@ -507,7 +518,7 @@ class OpenAIInstrumentation:
         record = reading.record
         call_token, context_token = _transport.active_call.set(record), otel_context.attach(record.context())
         try:
-            result = await self._original_request(*args, **kwargs)
+            result = await self._send(*args, **kwargs)
         except BaseException as error:
             _failed(reading, error)
             raise

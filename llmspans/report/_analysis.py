@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from llmspans import _names as names
-from llmspans.report._levers import CacheCollector, PromptCapCollector
+from llmspans.report._levers import CacheCollector, HedgeCollector, PromptCapCollector
 from llmspans.report._model import (
     KIND_BUCKET,
     KIND_LEVEL,
@@ -59,7 +59,7 @@ from llmspans.report._triage import Figures, triage
 
 _APP_EXCLUDED = (names.STAGE_LLM, names.STAGE_TURN)
 _BUDGET, _BUDGET_EXCEEDED, _LLM = names.BUDGET, names.BUDGET_EXCEEDED, names.STAGE_LLM
-_CACHE, _OVER_CAP = names.STAGE_CACHE, names.PROMPT_OVER_CAP
+_CACHE, _OVER_CAP, _HEDGE_FIRED = names.STAGE_CACHE, names.PROMPT_OVER_CAP, names.HEDGE_FIRED
 _KIND_ORDER = {KIND_STAGE: 0, KIND_BUCKET: 1, KIND_OTHER: 2}
 _BUCKET_ORDER = {bucket: index for index, bucket in enumerate(names.BUCKETS)}
 _FIRST_TOKEN, _STREAM = names.BUCKETS.index("first_token"), names.BUCKETS.index("stream")
@@ -172,6 +172,8 @@ class Analysis:
         self._prompt_caps = PromptCapCollector()
         self._caches = CacheCollector()
         self._lookups: list[Span] = []  # the cache lookups of the trace being added
+        self._hedges = HedgeCollector()
+        self._hedged: list[Span] = []  # the hedged calls of the trace being added
         self._slowest: list[tuple[int, int, SlowTrace]] = []  # heap of (duration, -index, trace): worst first
 
     def _wanted(self, trace: Trace) -> bool:
@@ -192,6 +194,9 @@ class Analysis:
         if self._lookups:
             self._caches.add(trace, self._lookups)
             self._lookups.clear()
+        if self._hedged:
+            self._hedges.add(trace, self._hedged)
+            self._hedged.clear()
         totals = trace.parts()
         parts, part_first = self._parts, self._part_first
         for position, (key, value) in enumerate(totals.items()):
@@ -253,6 +258,8 @@ class Analysis:
         attributes = call.attributes
         if _OVER_CAP in attributes:
             self._prompt_caps.add(call, failed)
+        if _HEDGE_FIRED in attributes:
+            self._hedged.append(call)
         level = attributes.get(names.LOAD_LEVEL)
         if isinstance(level, str):
             self._add_level(call, level, failed, where)
@@ -384,6 +391,7 @@ class Analysis:
             levels=levels,
             prompt_caps=figures.prompt_caps,
             caches=self._caches.result(),
+            hedging=self._hedges.result(),
             samples=samples if self.traces else {},
         )
 

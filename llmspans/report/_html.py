@@ -281,12 +281,12 @@ def _levels(report: Report) -> str:
 
 
 def _levers(report: Report) -> str:
-    """What the prompt caps and caches did: a table each (README "Levers")."""
+    """What the prompt caps, caches and hedges did: a table each (README "Levers")."""
 
     def cell(found: Distribution | None, q: float) -> str:
         return "-" if found is None else seconds(found.at(q))
 
-    out = ['<section id="levers"><h2>Levers: prompt caps and caches</h2>']
+    out = ['<section id="levers"><h2>Levers: prompt caps, caches and hedged requests</h2>']
     caps = report.prompt_caps
     if caps is not None:
         ratio = caps.estimate_ratio
@@ -318,6 +318,27 @@ def _levers(report: Report) -> str:
             "<th>lookup p50 / p95</th><th>requests with a hit p50 / p95</th><th>with only misses p50 / p95</th>"
             f'</tr>{rows}</table><p class="meta">A hit is worth the p50 of the process\'s own recent LLM calls '
             "(of the model the lookup names); a request is the turn holding the lookup, else its trace.</p>"
+        )
+    hedging = report.hedging
+    if hedging is not None:
+        extra = hedging.extra_input
+        first, cut = hedging.primaries_first, hedging.primaries_cut
+        out.append(
+            f'<table class="hedging" data-calls="{hedging.calls}" data-fired="{hedging.fired}" '
+            f'data-backup-won="{hedging.backup_won}" data-wasted-input="{hedging.wasted_input_tokens}">'
+            "<tr><th>calls that could be hedged</th><th>backup sent</th><th>backup won</th>"
+            "<th>first_token p50 / p95 of those hedged</th><th>their primaries that got there first, own "
+            "p50 / p95</th><th>those the backup beat: waited p50 / p95, then stopped</th>"
+            "<th>input tokens wasted</th><th>output tokens wasted</th><th>not sent (limiter full)</th></tr>"
+            f"<tr><td>{hedging.calls}</td><td>{hedging.fired} ({hedging.share_fired:.0%})</td>"
+            f"<td>{hedging.backup_won} ({hedging.share_won:.0%})</td>"
+            f"<td>{cell(hedging.first_token, 0.5)} / {cell(hedging.first_token, 0.95)}</td>"
+            f"<td>{cell(first, 0.5)} / {cell(first, 0.95)}</td><td>{cell(cut, 0.5)} / {cell(cut, 0.95)}</td>"
+            f"<td>{hedging.wasted_input_tokens}{'' if extra is None else f' (+{extra:.0%})'}</td>"
+            f"<td>{hedging.wasted_output_tokens}</td><td>{hedging.skipped}</td></tr></table>"
+            '<p class="meta">A primary the backup beat was stopped before its first token: its own time is '
+            "unknown, beyond the time it had waited. Input tokens wasted: the losing copies' prompts, against "
+            "the input tokens of every call counted.</p>"
         )
     out.append("</section>")
     return "".join(out)
@@ -387,7 +408,7 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
         body.append("</section>")
     if report.levels:
         body.append(_levels(report))
-    if report.prompt_caps is not None or report.caches:
+    if report.prompt_caps is not None or report.caches or report.hedging is not None:
         body.append(_levers(report))
     if report.server is not None:
         body.append(_server_split(report.server))

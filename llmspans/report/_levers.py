@@ -1,8 +1,10 @@
-"""What the levers did, from the spans: prompt caps (`max_prompt_tokens`) and cache lookups.
+"""What the levers did, from the spans: prompt caps (`max_prompt_tokens`), cache lookups and hedged requests.
 
 A capped call carries `llmspans.prompt.over_cap` (and, once the server counted its prompt, the estimate
 over that count); a cache lookup is a `cache` stage span with its cache's name, hit or miss and, on a hit,
-the estimate of the LLM time it saved. The figures and their method: docs/report.md.
+the estimate of the LLM time it saved; a call a hedge could send twice carries `llmspans.hedge.fired`, and
+each of its copies is an attempt span under it with its role and its own time to a first token. The
+figures and their method: docs/report.md.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmspans import _names as names
-from llmspans.report._model import CacheRow, Distribution, PromptCaps
+from llmspans.report._model import CacheRow, Distribution, Hedging, PromptCaps
 from llmspans.report._spans import Span
 from llmspans.report._traces import Trace
 
@@ -129,6 +131,80 @@ class CacheCollector:
                 )
             )
         return tuple(rows)
+
+
+@dataclass
+class HedgeCollector:
+    """The calls of hedged clients, one trace at a time."""
+
+    calls: int = 0
+    fired: int = 0
+    backup_won: int = 0
+    skipped: int = 0
+    input_tokens: int = 0
+    wasted_input: int = 0
+    wasted_output: int = 0
+    after: list[float] = field(default_factory=list)
+    first_token: array[int] = field(default_factory=lambda: array("q"))
+    primaries_first: array[int] = field(default_factory=lambda: array("q"))
+    primaries_cut: array[int] = field(default_factory=lambda: array("q"))
+
+    def add(self, trace: Trace, calls: Sequence[Span]) -> None:
+        children: dict[str, list[Span]] | None = None
+        for call in calls:
+            attributes = call.attributes
+            fired = attributes.get(names.HEDGE_FIRED)
+            if not isinstance(fired, bool):
+                continue
+            self.calls += 1
+            self.input_tokens += _count(attributes.get(names.GEN_AI_USAGE_INPUT_TOKENS))
+            after: Any = attributes.get(names.HEDGE_AFTER)
+            if type(after) in _NUMBERS:
+                self.after.append(float(after))
+            self.skipped += isinstance(attributes.get(names.HEDGE_SKIPPED), str)
+            if not fired:
+                continue
+            self.fired += 1
+            self.backup_won += attributes.get(names.HEDGE_WON_BY) == names.HEDGE_ROLE_BACKUP
+            self.wasted_input += _count(attributes.get(names.HEDGE_WASTED_INPUT_TOKENS))
+            self.wasted_output += _count(attributes.get(names.HEDGE_WASTED_OUTPUT_TOKENS))
+            self.first_token.append(call.buckets_ns[_FIRST_TOKEN])
+            if children is None:
+                children = {}
+                for span in trace.spans:
+                    if span.parent_id is not None and names.HEDGE_ROLE in span.attributes:
+                        children.setdefault(span.parent_id, []).append(span)
+            own = _primary_own(children.get(call.span_id, ()))
+            if own is not None:
+                (self.primaries_cut if own[1] else self.primaries_first).append(own[0])
+
+    def result(self) -> Hedging | None:
+        if not self.calls:
+            return None
+        return Hedging(
+            calls=self.calls, fired=self.fired, backup_won=self.backup_won, skipped=self.skipped,
+            after=Distribution.of(self.after) if self.after else None,
+            first_token=_distribution(self.first_token), primaries_first=_distribution(self.primaries_first),
+            primaries_cut=_distribution(self.primaries_cut), input_tokens=self.input_tokens,
+            wasted_input_tokens=self.wasted_input, wasted_output_tokens=self.wasted_output,
+        )  # fmt: skip
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and value > 0 else 0
+
+
+def _primary_own(copies: Sequence[Span]) -> tuple[int, bool] | None:
+    """A hedged call's primary, its own time to a first token in ns, and whether it was cut before one (then
+    the time it had waited, from its first attempt's start to its last attempt's end)."""
+    primaries = [span for span in copies if span.attributes.get(names.HEDGE_ROLE) == names.HEDGE_ROLE_PRIMARY]
+    if not primaries:
+        return None
+    for span in primaries:
+        reached: Any = span.attributes.get(names.HEDGE_FIRST_TOKEN)
+        if type(reached) in _NUMBERS:
+            return round(reached * 1e9), False
+    return max(span.end_ns for span in primaries) - min(span.start_ns for span in primaries), True
 
 
 def _request(trace: Trace, lookup: Span) -> tuple[str, int]:

@@ -408,6 +408,40 @@ class CacheRow:
 
 
 @dataclass(frozen=True)
+class Hedging:
+    """The calls of hedged clients that could be sent twice (`instrument(client, hedge=...)`): on how many the
+    backup was sent and won, the first_token of those hedged, their primaries' own time to a first token, and
+    the input and output tokens the losing copies cost. A primary the backup beat was stopped before its
+    first token: its own time is unknown, and what is known is how long it had waited without one."""
+
+    calls: int
+    fired: int
+    backup_won: int
+    skipped: int  # the backup came due, but the limiter had no free slot
+    after: Distribution | None  # the `after` the calls went by (None while a percentile had too few calls)
+    first_token: Distribution | None  # the first_token bucket of the calls whose backup was sent
+    primaries_first: Distribution | None  # of those, the primaries that got there first: their own time
+    primaries_cut: Distribution | None  # and those the backup beat: how long they had waited when stopped
+    input_tokens: int  # of every call counted here that reported its input tokens
+    wasted_input_tokens: int
+    wasted_output_tokens: int
+
+    @property
+    def share_fired(self) -> float:
+        return self.fired / self.calls if self.calls else 0.0
+
+    @property
+    def share_won(self) -> float:
+        """The calls the backup won, of all the calls counted (as "fired on 8 % and won 6 %" reads)."""
+        return self.backup_won / self.calls if self.calls else 0.0
+
+    @property
+    def extra_input(self) -> float | None:
+        """The wasted input tokens over the input tokens the calls needed; None when none reported any."""
+        return self.wasted_input_tokens / self.input_tokens if self.input_tokens else None
+
+
+@dataclass(frozen=True)
 class Report:
     sources: tuple[str, ...]
     skipped: tuple[SkippedLine, ...]
@@ -434,6 +468,7 @@ class Report:
     levels: tuple[LevelRow, ...] = ()  # calls made by `llmspans load`, per level
     prompt_caps: PromptCaps | None = None  # the levers (README "Levers"), where the app used them
     caches: tuple[CacheRow, ...] = ()
+    hedging: Hedging | None = None
     # The sorted samples behind each stage, bucket and part (seconds), for comparisons; not in the JSON.
     samples: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -455,6 +490,14 @@ class Report:
             data.pop("prompt_caps")
         else:
             data["prompt_caps"]["share_over"] = self.prompt_caps.share_over
+        if self.hedging is None:
+            data.pop("hedging")
+        else:
+            hedging = data["hedging"]
+            hedging.update(
+                share_fired=self.hedging.share_fired, share_won=self.hedging.share_won,
+                extra_input=self.hedging.extra_input,
+            )  # fmt: skip
         if not self.caches:
             data.pop("caches")
         else:

@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Iterable, Sequence
 
 from llmspans.report._compare import Comparison
-from llmspans.report._model import Distribution, Report, format_quantile, part_label
+from llmspans.report._model import Distribution, Hedging, Report, format_quantile, part_label
 from llmspans.report._model import format_seconds as seconds
 
 WIDTH = 100
@@ -359,7 +359,44 @@ def _levers(report: Report) -> list[str]:
             assert only is not None
             text += f"; requests with {which} p50 {seconds(only.p50)}, p95 {seconds(only.p95)} ({only.count})"
         out += _wrap(text, "")
+    if report.hedging is not None:
+        out += _wrap(_hedging(report.hedging), "")
     return ["", *out] if out else []
+
+
+def _hedging(hedging: Hedging) -> str:
+    """'Hedging: fired on 8% of calls and the backup won 6%; p95 first_token of hedged calls 0.41 s; their
+    primaries' own time ...; it cost 8% more input tokens', with what each figure stands on."""
+    after = hedging.after
+    went_by = f" (after p50 {seconds(after.p50)})" if after is not None else ""
+    text = (
+        f"Hedging: fired on {hedging.share_fired:.0%} of {hedging.calls} calls that could be hedged{went_by} and "
+        f"the backup won {hedging.share_won:.0%}"
+    )
+    if hedging.first_token is not None:
+        text += f"; p95 first_token of hedged calls {seconds(hedging.first_token.p95)}"
+        first, cut = hedging.primaries_first, hedging.primaries_cut
+        own = []
+        if first is not None:
+            own.append(f"p95 {seconds(first.p95)} where they got there first ({first.count})")
+        if cut is not None:
+            own.append(
+                f"where the backup won ({cut.count}), unknown: stopped with none yet after p50 {seconds(cut.p50)}, "
+                f"p95 {seconds(cut.p95)} (a lower bound)"
+            )
+        if own:
+            text += f", and their primaries' own time to a first token: {'; '.join(own)}"
+    extra = hedging.extra_input
+    if extra is not None:
+        text += f"; it cost {extra:.0%} more input tokens ({hedging.wasted_input_tokens} of {hedging.input_tokens})"
+    else:
+        text += f"; it cost {hedging.wasted_input_tokens} input tokens"
+    if hedging.wasted_output_tokens:
+        text += f" and {hedging.wasted_output_tokens} output tokens"
+    if hedging.skipped:
+        plural = "s" if hedging.skipped > 1 else ""
+        text += f"; {hedging.skipped} backup{plural} not sent: the limiter had no free slot"
+    return text
 
 
 def _number(value: float | None) -> str:

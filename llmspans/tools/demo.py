@@ -3,15 +3,19 @@
 Each chat turn runs retrieval, prompt building, a guardrail, a tool, a streamed LLM call
 and post-processing inside `llmspans.turn`, every stage with a budget, the LLM call behind
 a `Limiter`. The model is llmspans' built-in *simulated* OpenAI-compatible server on
-127.0.0.1 (started and stopped here); a scenario sets its timings and failures and the
-app's, so exactly one part of the request is the bottleneck, and the report printed at
-the end should name it. Timings are drawn from a seeded generator: the same seed gives
-the same mix of delays (their order across concurrent users still depends on scheduling).
+127.0.0.1 (started and stopped here; two of them, replicas the app calls in turn, for the
+`slow-replica` scenario); a scenario sets its timings and failures and the app's, so exactly
+one part of the request is the bottleneck, and the report printed at the end should name it.
+`hedge=True` hedges each LLM call (to the other replica, or the same server) after `HEDGE_AFTER`.
+Timings are drawn from a seeded generator: the same seed gives the same mix of delays (their
+order across concurrent users still depends on scheduling).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import math
 import random
@@ -38,6 +42,7 @@ OnStart = Callable[[str, str, int, int], None]
 # Budgets in seconds, in the spirit of a 1 s chat turn.
 BUDGETS = {"retrieval": 0.1, "prompt": 0.02, "guardrail": 0.05, "tool": 0.1, "llm": 0.5, "post": 0.05}
 TURN_BUDGET = 1.0
+HEDGE_AFTER = 0.15  # about three times a healthy first token here, far below a slow replica's
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,9 @@ class Scenario:
     failure_rate: float = 0.0
     cap_share: float = 1.0  # limiter cap as a share of the concurrency
     idle_share: float = 0.0  # share of the cap a background job holds without calling the model
+    replicas: int = 1  # servers the app calls in turn; the first is the slow one
+    slow_share: float = 0.0  # share of the first replica's answers whose first token is late
+    slow_s: tuple[float, float] = (1.0, 1.6)
 
     def cap(self, concurrency: int) -> int:
         return max(1, round(concurrency * self.cap_share))
@@ -82,6 +90,11 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "stalled-scheduler", "a background job holding 3 of every 4 limiter slots without calling the model",
             "stalled_scheduler", idle_share=0.75,
+        ),
+        Scenario(
+            "slow-replica", "two replicas called in turn, one sending 30% of its first tokens after 1.0-1.6 s "
+            "(--hedge: hedge each call to the other replica after 150 ms)", "first_token", replicas=2,
+            slow_share=0.3, cap_share=2.0,
         ),
     )
 }  # fmt: skip
@@ -140,22 +153,31 @@ class ChatModel(Protocol):
 
 
 class OpenAIChat:
-    """The openai SDK's AsyncOpenAI, instrumented; its own retry loop honours retry-after."""
+    """The openai SDK's AsyncOpenAI, instrumented, one client per replica, called in turn; its own retry
+    loop honours retry-after. With `hedge`, each client hedges to the next replica's (or to itself)."""
 
     name = "openai SDK (AsyncOpenAI)"
 
-    def __init__(self, base_url: str, limiter: llmspans.Limiter) -> None:
+    def __init__(self, base_urls: Sequence[str], limiter: llmspans.Limiter, hedge: bool = False) -> None:
         import openai
 
-        self._client = llmspans.instrument(
-            openai.AsyncOpenAI(base_url=base_url, api_key="simulated", max_retries=3),
-            limiter=limiter,
-            budget=BUDGETS["llm"],
-            request_usage=True,  # the stream's token counts, so tokens and tokens/s show
-        )
+        plain = [openai.AsyncOpenAI(base_url=url, api_key="simulated", max_retries=3) for url in base_urls]
+        self._clients = [
+            llmspans.instrument(
+                client,
+                limiter=limiter,
+                budget=BUDGETS["llm"],
+                request_usage=True,  # the stream's token counts, so tokens and tokens/s show
+                hedge=llmspans.Hedge(after=HEDGE_AFTER, backup=plain[(n + 1) % len(plain)])
+                if hedge
+                else None,
+            )
+            for n, client in enumerate(plain)
+        ]
+        self._next = itertools.cycle(self._clients)
 
     async def complete(self, messages: list[dict[str, str]]) -> str:
-        stream = await self._client.chat.completions.create(
+        stream = await next(self._next).chat.completions.create(
             model=MODEL,
             messages=cast(Any, messages),  # plain dicts: the SDK's message types are TypedDicts
             stream=True,
@@ -167,18 +189,23 @@ class OpenAIChat:
         return "".join(parts)
 
     async def aclose(self) -> None:
-        await self._client.close()
+        for client in self._clients:
+            await client.close()
 
 
 class HttpxChat:
-    """A plain httpx.AsyncClient pointed at the OpenAI-compatible endpoint, instrumented."""
+    """A plain httpx.AsyncClient pointed at the OpenAI-compatible endpoint, instrumented, one per replica."""
 
     name = "plain httpx.AsyncClient"
 
-    def __init__(self, base_url: str, limiter: llmspans.Limiter) -> None:
-        self._client = llmspans.instrument(
-            httpx.AsyncClient(base_url=base_url, timeout=30.0), limiter=limiter, budget=BUDGETS["llm"]
-        )
+    def __init__(self, base_urls: Sequence[str], limiter: llmspans.Limiter) -> None:
+        self._clients = [
+            llmspans.instrument(
+                httpx.AsyncClient(base_url=url, timeout=30.0), limiter=limiter, budget=BUDGETS["llm"]
+            )
+            for url in base_urls
+        ]
+        self._next = itertools.cycle(self._clients)
 
     async def complete(self, messages: list[dict[str, str]]) -> str:
         body = {
@@ -188,7 +215,7 @@ class HttpxChat:
             "stream_options": {"include_usage": True},
         }
         parts = []
-        async with self._client.stream("POST", "/chat/completions", json=body) as response:
+        async with next(self._next).stream("POST", "/chat/completions", json=body) as response:
             response.raise_for_status()
             async for line in response.aiter_lines():
                 if not line.startswith("data: {"):
@@ -200,7 +227,8 @@ class HttpxChat:
         return "".join(parts)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        for client in self._clients:
+            await client.aclose()
 
 
 async def chat_turn(model: ChatModel, plan: TurnPlan) -> str:
@@ -233,10 +261,21 @@ def _plans(scenario: Scenario, requests: int, rng: random.Random) -> list[TurnPl
     ]
 
 
-def _arrivals(scenario: Scenario, requests: int, rng: random.Random) -> list[Behavior]:
-    """What the server does on each arriving request, in arrival order (failures included)."""
+def _arrivals(
+    scenario: Scenario, requests: int, rng: random.Random, slow_share: float = 0.0
+) -> list[Behavior]:
+    """What a server does on each arriving request, in arrival order (failures and slow first tokens included)."""
     behaviors = []
     for _ in range(3 * requests + 8):
+        if slow_share and rng.random() < slow_share:
+            behaviors.append(
+                Behavior(
+                    first_chunk_delay=rng.uniform(*scenario.slow_s),
+                    chunk_gap=scenario.chunk_gap_s,
+                    chunks=scenario.chunks,
+                )
+            )
+            continue
         if rng.random() < scenario.failure_rate:
             if rng.random() < 0.6:
                 behaviors.append(Behavior(status=429, retry_after_ms=250.0))
@@ -294,6 +333,7 @@ class RunResult:
     client: str
     cap: int
     idle_slots: int
+    hedged: bool = False
 
 
 def choose_client(kind: str) -> str:
@@ -309,27 +349,32 @@ def choose_client(kind: str) -> str:
 
 async def _run(
     scenario: Scenario, requests: int, concurrency: int, seed: int, client: str, progress: Progress | None,
-    on_start: OnStart | None,
+    on_start: OnStart | None, hedge: bool = False,
 ) -> RunResult:  # fmt: skip
     rng = random.Random(seed)
     plans = _plans(scenario, requests, rng)
     cap = scenario.cap(concurrency)
     limiter = llmspans.Limiter(cap, name=LIMITER_NAME)
     idle_slots = scenario.idle_slots(cap)
-    with SimulatedServer(Behavior(chunks=scenario.chunks), record=False) as server:
+    with contextlib.ExitStack() as servers:
+        replicas = [
+            servers.enter_context(SimulatedServer(Behavior(chunks=scenario.chunks), record=False))
+            for _ in range(scenario.replicas)
+        ]
+        urls = [server.base_url for server in replicas]
         model: ChatModel = (
-            OpenAIChat(server.base_url, limiter)
-            if client == "openai"
-            else HttpxChat(server.base_url, limiter)
+            OpenAIChat(urls, limiter, hedge) if client == "openai" else HttpxChat(urls, limiter)
         )
         # A process's first openai call imports and builds the SDK's types with the event loop blocked
         # (50-150 ms), which would land in whatever stage the other turns were in. No scenario is about
-        # that, so one untraced call (OpenTelemetry's suppress switch) pays it before the first turn.
+        # that, so one untraced call (OpenTelemetry's suppress switch) per replica pays it before the first turn.
         with _suppress.suppressing():
-            await model.complete([{"role": "user", "content": "warm-up"}])
-        server.enqueue(*_arrivals(scenario, requests, rng))
+            for _ in replicas:
+                await model.complete([{"role": "user", "content": "warm-up"}])
+        for number, server in enumerate(replicas):
+            server.enqueue(*_arrivals(scenario, requests, rng, scenario.slow_share if number == 0 else 0.0))
         if on_start is not None:
-            on_start(server.base_url, client, cap, idle_slots)
+            on_start(", ".join(urls), client, cap, idle_slots)
         release = asyncio.Event()
         holders = [asyncio.create_task(_hold_idle(limiter, release)) for _ in range(idle_slots)]
         await asyncio.sleep(0)  # let the background job take its slots first
@@ -354,8 +399,8 @@ async def _run(
             await asyncio.gather(*holders, return_exceptions=True)
             await model.aclose()
         elapsed = time.perf_counter() - started
-        url = server.base_url
-    return RunResult(scenario.name, requests, failed, elapsed, url, client, cap, idle_slots)
+        url = ", ".join(urls)
+    return RunResult(scenario.name, requests, failed, elapsed, url, client, cap, idle_slots, hedge)
 
 
 async def _hold_idle(limiter: llmspans.Limiter, release: asyncio.Event) -> None:
@@ -367,12 +412,13 @@ async def _hold_idle(limiter: llmspans.Limiter, release: asyncio.Event) -> None:
 def run(
     scenario: Scenario, *, requests: int = DEFAULT_REQUESTS, concurrency: int = DEFAULT_CONCURRENCY,
     seed: int = DEFAULT_SEED, client: str = "auto", progress: Progress | None = None,
-    on_start: OnStart | None = None,
+    on_start: OnStart | None = None, hedge: bool = False,
 ) -> RunResult:  # fmt: skip
     """Run the demo app once, recording into whatever providers llmspans is using.
 
-    `on_start(base_url, client, cap, idle_slots)` is called once the simulated server listens.
-    ValueError for arguments that cannot work; ImportError when `client="openai"` is not installed.
+    `on_start(base_url, client, cap, idle_slots)` is called once the simulated servers listen (their URLs
+    joined by ", "). ValueError for arguments that cannot work; ImportError when `client="openai"` is not
+    installed.
     """
     if requests < 1:
         raise ValueError(f"--requests must be at least 1, got {requests}")
@@ -384,4 +430,9 @@ def run(
             f"the {scenario.name} scenario needs the openai SDK's retry loop (a plain httpx client does not "
             "retry): pip install 'llmspans[openai]', or pick another scenario"
         )
-    return asyncio.run(_run(scenario, requests, concurrency, seed, chosen, progress, on_start))
+    if hedge and chosen == "httpx":
+        raise ValueError(
+            "--hedge needs the openai SDK client (a plain httpx client hands the app raw bytes, which cannot be "
+            "taken back from a copy that lost): pip install 'llmspans[openai]', or leave --client httpx out"
+        )
+    return asyncio.run(_run(scenario, requests, concurrency, seed, chosen, progress, on_start, hedge))

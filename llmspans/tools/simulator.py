@@ -29,7 +29,9 @@ import contextlib
 import dataclasses
 import http
 import json
+import math
 import random
+import select
 import selectors
 import signal
 import socket
@@ -152,6 +154,9 @@ class RecordedRequest:
     # How late the latest-waking of this answer's timed writes woke (its own stamp minus the time it
     # was due): how much a busy machine delayed the threads of this very exchange, for tests to allow.
     late_ns: int = 0
+    # When the server saw that the client had gone away before the answer was complete: it closed its
+    # end while the server waited to send (a real server aborts the request there), or a write failed.
+    disconnected_ns: int | None = None
 
 
 class _Drop(Exception):
@@ -600,14 +605,37 @@ class Exchange:
         self._stopping = stopping
 
     def wait_until(self, deadline_ns: int) -> None:
-        """Sleep precisely, but wake at once when the server stops so ``stop()`` stays prompt."""
+        """Sleep precisely, but wake at once when the server stops, so ``stop()`` stays prompt, or when the
+        client closes its end, as a real server notices a client that went away (``rec.disconnected_ns``)."""
         remaining = deadline_ns - time.perf_counter_ns()
-        if (remaining > 0 and self._stopping.wait(remaining / 1e9)) or self._stopping.is_set():
+        if remaining > 0 and self._client_left(deadline_ns):
+            self.rec.disconnected_ns = time.perf_counter_ns()
+            raise _Drop
+        if self._stopping.is_set():
             raise _Drop
         if remaining > 0:
             late = time.perf_counter_ns() - deadline_ns
             if late > self.rec.late_ns:
                 self.rec.late_ns = late
+
+    def _client_left(self, deadline_ns: int) -> bool:
+        """Wait until `deadline_ns`; True as soon as the client closed its end. `stop()` shuts every
+        connection down, which wakes this wait too: that is the server going, not the client."""
+        remaining = deadline_ns - time.perf_counter_ns()
+        # poll, not select: a server with more than 1,024 connections open has descriptors select cannot take
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        readable = poller.poll(max(0, math.ceil(remaining / 1e6)))
+        if not readable or self._stopping.is_set():
+            return False
+        try:
+            peeked = self.sock.recv(1, socket.MSG_PEEK)
+        except OSError:  # reset by the client
+            return True
+        if peeked:  # the client sent more (a pipelined request): wait out the rest without watching
+            self._stopping.wait(max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9))
+            return False
+        return True
 
     def drop(self) -> None:
         self.rec.finished_ns = time.perf_counter_ns()
@@ -898,6 +926,10 @@ class HTTPCore:
             seq = self._next_seq
         try:
             self._respond(Exchange(conn, rec, self._stopping), seq, keep_alive)
+        except OSError:  # a write to a client that went away
+            if rec.disconnected_ns is None:
+                rec.disconnected_ns = time.perf_counter_ns()
+            raise
         finally:
             with self._idle:
                 self._inflight -= 1

@@ -15,12 +15,13 @@ was first scraped. Then, on stdin's cue:
 
 from __future__ import annotations
 
-import functools
 import gc
+import itertools
 import json
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
@@ -55,11 +56,19 @@ def serve_metrics_keep_spans(port: int) -> InMemorySpanExporter:
 def main() -> int:
     scenario, port, spans_file = SCENARIOS[sys.argv[1]], int(sys.argv[2]), Path(sys.argv[3])
     spans = serve_metrics_keep_spans(port)
-    # Both runs' simulated server on one port: each run starts its own, and the port is a metric label.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        llm_port = probe.getsockname()[1]
-    _demo.SimulatedServer = functools.partial(SimulatedServer, port=llm_port)  # type: ignore[misc]
+    # Both runs' simulated servers on the same ports: each run starts its own (one per replica, in order), and
+    # the port is a metric label.
+    llm_ports = []
+    for _ in range(scenario.replicas):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            llm_ports.append(probe.getsockname()[1])
+    started = itertools.count()
+
+    def simulated_server(*args: Any, **kwargs: Any) -> SimulatedServer:
+        return SimulatedServer(*args, port=llm_ports[next(started) % len(llm_ports)], **kwargs)
+
+    _demo.SimulatedServer = simulated_server  # type: ignore[misc]
 
     run(scenario, requests=WARM_UP_TURNS, concurrency=CONCURRENCY, seed=SEED + 1)
     gc.collect()  # the warm-up's limiter: a collected limiter stops reporting its gauges

@@ -37,7 +37,7 @@ class _Failed(Exception):
 
 def exercise() -> Exercised:
     """A turn with every stage kind, retried/laned/failed/captured calls, the levers (prompt caps, cache
-    lookups), and a vLLM server sampled."""
+    lookups, hedged requests), and a vLLM server sampled."""
     floor, _phases.FLOOR_NS = _phases.FLOOR_NS, 0  # every phase gets its span, however short on loopback
     try:
         return _exercise()
@@ -125,6 +125,26 @@ def _exercise() -> Exercised:
                 lookup.hit = False
             with contextlib.suppress(_Failed), llmspans.cache_lookup("semantic"):
                 raise _Failed
+
+        # A hedged client: a slow primary beaten by its backup (the hedge's event, both copies' attempt
+        # spans, the loser's tokens), and a call whose hedge the full limiter skipped.
+        hedged = llmspans.instrument(
+            openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0),
+            hedge=llmspans.Hedge(after=0.05),
+        )
+        server.enqueue(Behavior(chunks=4, usage="finish", first_chunk_delay=0.5), fast)
+        list(
+            hedged.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": "hedged"}], stream=True
+            )
+        )
+        alone = llmspans.Limiter(1, name="alone")
+        skipped = llmspans.instrument(
+            openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0), hedge=llmspans.Hedge(after=0.05),
+            limiter=alone,
+        )  # fmt: skip
+        server.enqueue(Behavior(header_delay=0.2))
+        skipped.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "no slot"}])
 
         lane = llmspans.Limiter(2, name="interactive")
         laned = llmspans.instrument(
