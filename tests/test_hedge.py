@@ -370,6 +370,7 @@ def test_embeddings_are_hedged(server: SimulatedServer, captured: Captured) -> N
     )
     with client:
         client.embeddings.create(model="sim-embed", input=["one"])
+    assert server.wait_idle(10)  # the server notices the primary leave in its own time
     primary, backup = server.requests
     assert primary.disconnected_ns is not None
     assert backup.finished_ns is not None
