@@ -5,6 +5,7 @@ from the spans of another (tests/support/hedge_workload.py)."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -199,12 +200,13 @@ def test_prometheus_counts_what_the_levers_did(capsys: pytest.CaptureFixture[str
             text_code = main(["report", "--prometheus", server.url, "--service", "levers", "--since",
                               f"{window:.3f}s"])  # fmt: skip
             text = capsys.readouterr().out
-            # How far increase() stretched this run's scrapes to the window's edges, seen on a counter whose
-            # true rise is known (one lookup a turn): on a busy machine the scrapes near the edges come late.
-            ((_, stretched),) = server.query(
-                f'sum(increase(llmspans_cache_lookups_total{{job="levers"}}[{round(window * 1000)}ms]))'
+            # increase() stretches the rise between the window's first and last scrape towards its edges, by
+            # up to 1 + 2.2 / (n - 1) for n scrapes in the window; a busy machine scrapes less often than
+            # asked, so the bound is read from the scrapes there were (one fewer: the report ran earlier).
+            ((_, scrapes),) = server.query(
+                f'max(count_over_time(llmspans_cache_lookups_total{{job="levers"}}[{round(window * 1000)}ms]))'
             )
-            stretch = stretched / workload.TURNS
+            stretch = 1 + 2.2 / max(1, scrapes - 2)
         finally:
             app.stdin.close()  # type: ignore[union-attr]
             app.wait(timeout=30)
@@ -212,9 +214,9 @@ def test_prometheus_counts_what_the_levers_did(capsys: pytest.CaptureFixture[str
     report = json.loads(out)
     caps = report["prompt_caps"]
     # increase() extrapolates to the window's edges: counts are the run's give or take a scrape, shares closer.
-    assert 8 * 0.9 <= caps["calls"] <= 8 * max(1.3, stretch * 1.15), stretch
+    assert 8 * 0.9 <= caps["calls"] <= 8 * max(1.3, stretch), (stretch, scrapes)
     assert caps["share_over"] == pytest.approx(0.5, abs=0.1)
-    assert caps["refused"] == 1
+    assert 1 <= caps["refused"] <= math.ceil(stretch), (stretch, scrapes)  # one refused call, stretched alike
     assert caps["first_token_over"]["p95"] >= workload.LONG_DELAY * 0.9  # interpolated inside its bucket
     assert caps["first_token_over"]["p95"] > caps["first_token_under"]["p95"]
     assert caps["estimators"] == [names.ESTIMATOR_CHARS]
@@ -270,7 +272,9 @@ def test_the_report_says_how_often_the_hedge_fired_and_won_and_what_it_cost(
     first, cut = hedging["primaries_first"], hedging["primaries_cut"]
     assert (first["count"], cut["count"]) == (w.FIRED - w.BACKUP_WON, w.BACKUP_WON)
     assert w.LATE <= first["max"] < w.SLOW
-    assert w.AFTER <= cut["p50"] < w.SLOW
+    # AFTER counts from the app's call, a primary's own time from its request: the SDK's building of the
+    # request (a ms or two, more on a busy machine) lies between them.
+    assert w.AFTER - 0.02 <= cut["p50"] < w.SLOW
     fired = {call.context.span_id for call in calls}
     primaries = [
         s for s in spans
