@@ -58,6 +58,12 @@ class Settings:
     prompt_cap: PromptCap | None = None
     hedge: Hedging | None = None  # openai clients only (`instrument()` refuses it for a plain one)
 
+    @property
+    def acts(self) -> bool:
+        """Whether a call of this client needs llmspans even when nothing records: a limiter's slot to hold,
+        a prompt cap that may refuse it, a hedge that may send a copy."""
+        return self.limiter is not None or self.prompt_cap is not None or self.hedge is not None
+
     def close(self) -> None:
         """Stop what instrument() started for this client (a sampler it made)."""
         if self.owns_server_metrics and self.server_metrics is not None:

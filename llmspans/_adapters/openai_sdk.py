@@ -474,12 +474,7 @@ class OpenAIInstrumentation:
 
     def _sync_request(self, *args: Any, **kwargs: Any) -> Any:
         sinks = _telemetry.recording_sinks()
-        if (
-            sinks is None
-            and self.settings.limiter is None
-            and self.settings.prompt_cap is None
-            and self.settings.hedge is None
-        ):  # nothing to record, no slot to hold, no prompt to refuse, no copy to send
+        if sinks is None and not self.settings.acts:  # nothing to record, nothing to do
             return self._original_request(*args, **kwargs)
         begun = self._lead_in(args, kwargs, sinks)
         if begun is None:
@@ -502,12 +497,7 @@ class OpenAIInstrumentation:
 
     async def _async_request(self, *args: Any, **kwargs: Any) -> Any:
         sinks = _telemetry.recording_sinks()
-        if (
-            sinks is None
-            and self.settings.limiter is None
-            and self.settings.prompt_cap is None
-            and self.settings.hedge is None
-        ):  # nothing to record, no slot to hold, no prompt to refuse, no copy to send
+        if sinks is None and not self.settings.acts:  # nothing to record, nothing to do
             return await self._original_request(*args, **kwargs)
         begun = self._lead_in(args, kwargs, sinks)
         if begun is None:

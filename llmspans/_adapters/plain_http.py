@@ -71,8 +71,8 @@ class OpenAIPathCalls:
         if request.method != "POST":
             return None
         sinks = _telemetry.recording_sinks()
-        if sinks is None and self.limiter is None and self.settings.prompt_cap is None:
-            return None  # nothing to record, no slot to hold, no prompt to refuse
+        if sinks is None and not self.settings.acts:
+            return None  # nothing to record, nothing to do
         operation = _openai_wire.operation_for(request.url.path)
         if operation is None:
             return None
