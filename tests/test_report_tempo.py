@@ -537,3 +537,19 @@ def test_with_prometheus_exemplars_link_to_the_trace_in_tempo(
     (span,) = [s for rs in answer.json()["trace"]["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]
                if "parentSpanId" not in s]  # fmt: skip
     assert span["name"] == "turn chat"
+
+
+def test_a_header_option_replaces_the_environments_header_of_the_same_name(
+    traces_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMSPANS_TEMPO_HEADERS", "authorization=Bearer%20stale-token,x-team=llm")
+    with tempo_server([traces_file], token=SECRET) as tempo:
+        code, out, err = run_cli(capsys, "report", "--tempo", url_of(tempo), "--service", SERVICE)
+        assert (code, out) == (2, "")
+        assert "stale-token" not in err
+        code, out, err = run_cli(capsys, "report", "--tempo", url_of(tempo), "--service", SERVICE, "--json",
+                                 "--header", f"Authorization: Bearer {SECRET}")  # fmt: skip
+        assert (code, err) == (0, "")
+        (_, _, headers) = tempo.requests[-1]  # type: ignore[attr-defined]
+    assert headers["Authorization"] == f"Bearer {SECRET}"
+    assert headers["x-team"] == "llm"

@@ -140,7 +140,9 @@ class _Tempo:
         self.shown = shown_url(url)
         if not self.base.startswith(("http://", "https://")):
             raise ReportInputError(f"--tempo must be a URL like http://localhost:3200, got {self.shown!r}")
-        sent = dict(headers)
+        sent = httpx.Headers()
+        for name, value in headers:  # a later one replaces an earlier one of the same name, in any case
+            sent[name] = value
         if tenant:
             sent[TENANT_HEADER] = tenant
         # A credential's whole value, and its token without the scheme ("Bearer ..."), are never printed.
