@@ -553,3 +553,15 @@ def test_a_header_option_replaces_the_environments_header_of_the_same_name(
         (_, _, headers) = tempo.requests[-1]  # type: ignore[attr-defined]
     assert headers["Authorization"] == f"Bearer {SECRET}"
     assert headers["x-team"] == "llm"
+
+
+def test_a_service_name_with_quotes_is_a_traceql_string(
+    tempo: ThreadingHTTPServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(
+        capsys, "report", "--tempo", url_of(tempo), "--service", 'chat "api"\\2', "--json"
+    )
+    assert (code, err) == (0, "")
+    assert json.loads(out)["traces"] == 0
+    ((_, query, _),) = tempo.requests  # type: ignore[attr-defined]
+    assert query["q"] == '{ resource.service.name = "chat \\"api\\"\\\\2" }'

@@ -55,6 +55,7 @@ class _Search(msgspec.Struct, gc=False):
 
 class _TraceV2(msgspec.Struct, gc=False):
     trace: msgspec.Raw = _ABSENT
+    resourceSpans: msgspec.Raw = _ABSENT  # not Tempo's shape, but a bare trace is read rather than refused
     status: str | int | None = None  # PartialStatus: COMPLETE (0, left out) or PARTIAL (1)
     message: str | None = None
 
@@ -217,7 +218,7 @@ class _Tempo:
                 f"Tempo at {self.shown} answered {SEARCH_PATH} with JSON that is not a Tempo search result "
                 f"(no traces, no metrics): {_message(body)}"
             )
-        ids: dict[str, None] = {}
+        ids: dict[str, str] = {}  # each id once (in any case), asked back as Tempo wrote it
         for trace in found.traces or ():
             trace_id = trace.traceID
             if not trace_id or len(trace_id) > 32 or not _HEX_DIGITS.issuperset(trace_id):
@@ -225,8 +226,8 @@ class _Tempo:
                     f"Tempo at {self.shown} answered {SEARCH_PATH} with a trace id that is not hex: "
                     f"{trace_id[:40]!r}"
                 )
-            ids.setdefault(trace_id.lower(), None)
-        return list(ids)
+            ids.setdefault(trace_id.lower(), trace_id)
+        return list(ids.values())
 
     def trace(self, trace_id: str) -> tuple[list[Span], bool]:
         """(spans, partial) of one trace; _Gone when no path has it, _TooLarge past the cap."""
@@ -256,10 +257,12 @@ class _Tempo:
             answer = _V2.decode(body)
         except (msgspec.ValidationError, msgspec.DecodeError) as error:
             raise self._not_trace(path, body, error) from None
-        if not answer.trace or bytes(answer.trace) == b"null":
-            raise self._not_trace(path, body, None)
         partial = answer.status in ("PARTIAL", 1)
-        return self._spans(path, bytes(answer.trace)), partial
+        if answer.trace and bytes(answer.trace) != b"null":
+            return self._spans(path, bytes(answer.trace)), partial
+        if answer.resourceSpans:
+            return self._spans(path, body), partial
+        raise self._not_trace(path, body, None)
 
     def _v1(self, trace_id: str, body: bytes) -> list[Span]:
         path = TRACE_V1_PATH + trace_id
