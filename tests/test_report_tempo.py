@@ -565,3 +565,15 @@ def test_a_service_name_with_quotes_is_a_traceql_string(
     assert json.loads(out)["traces"] == 0
     ((_, query, _),) = tempo.requests  # type: ignore[attr-defined]
     assert query["q"] == '{ resource.service.name = "chat \\"api\\"\\\\2" }'
+
+
+@pytest.mark.parametrize(
+    "body", [b"{}", b'{"traces": []}', b'{"traces": null}', b'{"metrics": {"totalJobs": 1}}']
+)
+def test_every_spelling_of_an_empty_search_is_an_empty_report(
+    tempo: ThreadingHTTPServer, capsys: pytest.CaptureFixture[str], body: bytes
+) -> None:
+    tempo.status, tempo.body = 200, body  # type: ignore[attr-defined]
+    code, out, err = run_cli(capsys, "report", "--tempo", url_of(tempo), "--service", SERVICE)
+    assert (code, err) == (0, "")
+    assert "No llmspans traces found: nothing to report." in out
