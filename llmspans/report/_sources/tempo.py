@@ -44,8 +44,7 @@ _ABSENT = msgspec.Raw()  # a field left out (msgspec.Raw takes no None: an empty
 
 
 class _Found(msgspec.Struct, gc=False):
-    traceID: str
-    startTimeUnixNano: int | None = None
+    traceID: str  # hex, leading zeros left out; the rest of a found trace is not needed
 
 
 class _Search(msgspec.Struct, gc=False):
@@ -57,7 +56,6 @@ class _TraceV2(msgspec.Struct, gc=False):
     trace: msgspec.Raw = _ABSENT
     resourceSpans: msgspec.Raw = _ABSENT  # not Tempo's shape, but a bare trace is read rather than refused
     status: str | int | None = None  # PartialStatus: COMPLETE (0, left out) or PARTIAL (1)
-    message: str | None = None
 
 
 class _TraceV1(msgspec.Struct, gc=False):
@@ -125,7 +123,6 @@ class TempoTraces:
     notes: list[str] = field(default_factory=list)
     traces: list[list[Span]] = field(default_factory=list)
     counts: _Counts = field(default_factory=_Counts)
-    path: str = ""  # which trace-by-id path answered: "/api/v2/traces/", "/api/traces/" or "" (none)
 
     def batches(self) -> Iterator[list[Span]]:
         yield from self.traces
@@ -316,7 +313,6 @@ def fetch_tempo(
         result = TempoTraces(sources=[])
         result.counts.found = len(ids)
         fetched = _fetch_all(tempo, ids, result.counts)
-        result.path = "" if tempo.v2 is None else TRACE_V2_PATH if tempo.v2 else TRACE_V1_PATH
     finally:
         tempo.close()
     # The order the embedded default writes spans in (when each ended), so that wherever the order of the
