@@ -10,10 +10,9 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -483,32 +482,6 @@ def test_a_header_in_the_url_or_a_bad_header_never_shows_its_secret(
 # --- with --prometheus: Tempo is where exemplars link to ------------------------------------------
 
 
-class _Exemplars(BaseHTTPRequestHandler):
-    """A Prometheus API with one stage's turns and one exemplar whose trace id is `server.trace_id`."""
-
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        path, query = url.path, parse_qs(url.query).get("query", [""])[0]
-        if path == "/api/v1/query_exemplars":
-            exemplar = {"labels": {"trace_id": self.server.trace_id}, "value": "2.5", "timestamp": 1.0}  # type: ignore[attr-defined]
-            data: Any = [{"seriesLabels": {"__name__": "llmspans_stage_duration_seconds_bucket",
-                                           "llmspans_stage": "tool"}, "exemplars": [exemplar]}]  # fmt: skip
-        elif path == "/api/v1/query_range":
-            data = {"resultType": "matrix", "result": []}
-        else:
-            turns = [{"metric": {"llmspans_stage": "turn"}, "value": [1.0, "5"]}]
-            data = {"resultType": "vector", "result": turns if "llmspans_stage_duration" in query else []}
-        body = json.dumps({"status": "success", "data": data}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_with_prometheus_exemplars_link_to_the_trace_in_tempo(
     tempo: ThreadingHTTPServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -516,22 +489,28 @@ def test_with_prometheus_exemplars_link_to_the_trace_in_tempo(
     exemplar's trace id links to Tempo's trace-by-id API, which answers with that trace."""
     import httpx
 
-    trace_id = tempo.found(SERVICE, 0, 2**40)[0].trace_id  # type: ignore[attr-defined]
-    with serving(_Exemplars, trace_id=trace_id) as prometheus:
+    from tests.test_report_prometheus import _ExemplarsOnly
+
+    first, second = (trace.trace_id for trace in tempo.found(SERVICE, 0, 2**40)[:2])  # type: ignore[attr-defined]
+    with serving(_ExemplarsOnly, trace_ids=(first, second)) as prometheus:
         url = f"http://127.0.0.1:{prometheus.server_address[1]}"
         code, out, err = run_cli(
             capsys, "report", "--prometheus", url, "--tempo", url_of(tempo), "--since", "10m"
         )
         assert (code, err) == (0, "")
-        link = f"{url_of(tempo)}/api/v2/traces/{trace_id}"
+        link = f"{url_of(tempo)}/api/v2/traces/{first}"
         slow = out.split("histogram points)\n", 1)[1].splitlines()
         assert slow[0].split() == ["2.50", "s", "tool", "(stage)", link]
+        assert slow[1].split()[-1] == f"{url_of(tempo)}/api/v2/traces/{second}"
         assert tempo.requests == []  # type: ignore[attr-defined]
         code, out, err = run_cli(
             capsys, "report", "--prometheus", url, "--tempo", url_of(tempo), "--since", "10m", "--json"
         )
         assert (code, err) == (0, "")
-        assert [e["link"] for e in json.loads(out)["exemplars"]] == [link]
+        assert [e["link"] for e in json.loads(out)["exemplars"]] == [
+            link,
+            f"{url_of(tempo)}/api/v2/traces/{second}",
+        ]
     answer = httpx.get(link)
     assert answer.status_code == 200
     (span,) = [s for rs in answer.json()["trace"]["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]
