@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
@@ -17,11 +15,11 @@ from typing import Any
 import pytest
 
 from llmspans import _names as names
-from llmspans.__main__ import main
 from llmspans.report._sources.tempo import CONCURRENCY, fetch_tempo
 from llmspans.report._spans import ReportInputError
 from tests.support.local_http import serving
 from tests.support.tempo import TempoHandler, tempo_server
+from tests.test_report import _closed_port, run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDED = [FIXTURES / "embedded-default.jsonl", FIXTURES / "vllm-server.jsonl"]
@@ -96,12 +94,6 @@ def traces_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tempo(traces_file: Path) -> Iterator[ThreadingHTTPServer]:
     with tempo_server([traces_file]) as server:
         yield server
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def url_of(server: ThreadingHTTPServer) -> str:
@@ -354,12 +346,6 @@ def test_an_answer_later_than_the_timeout_is_a_one_line_error(traces_file: Path)
 # --- errors: one line, exit code 2 ------------------------------------------------------------------
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_unreachable_tempo_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{_closed_port()}"
     code, out, err = run_cli(capsys, "report", "--tempo", url, "--service", SERVICE)
@@ -424,16 +410,8 @@ class _BrokenTraces(TempoHandler):
 def test_a_trace_answer_that_is_not_tempos_is_a_one_line_error(
     traces_file: Path, capsys: pytest.CaptureFixture[str], answer: tuple[int, bytes], problem: str
 ) -> None:
-    from tests.support.tempo import _found, load_traces
-
-    traces = load_traces([traces_file])
-    state = {
-        "traces": traces, "found": _found(traces), "requests": [], "lock": threading.Lock(), "in_flight": 0,
-        "most_in_flight": 0, "v2": True, "vanished": set(), "tenant": None, "token": None, "delay_s": 0.0,
-        "status": None, "body": b"", "trace_answer": answer,
-    }  # fmt: skip
-    with serving(_BrokenTraces, **state) as server:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with tempo_server([traces_file], handler=_BrokenTraces, trace_answer=answer) as server:
+        url = url_of(server)
         code, out, err = run_cli(capsys, "report", "--tempo", url, "--service", SERVICE)
     assert (code, out) == (2, "")
     assert err.count("\n") == 1, err

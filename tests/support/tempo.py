@@ -203,8 +203,11 @@ def _found(traces: dict[str, StoredTrace]) -> Any:
 
 
 @contextmanager
-def tempo_server(paths: Sequence[Path], **knobs: Any) -> Iterator[ThreadingHTTPServer]:
-    """A Tempo stand-in serving the traces of `paths`; `.url` is its base URL."""
+def tempo_server(
+    paths: Sequence[Path], handler: type[TempoHandler] | None = None, **knobs: Any
+) -> Iterator[ThreadingHTTPServer]:
+    """A Tempo stand-in serving the traces of `paths` (with `handler`, a TempoHandler that answers some
+    path otherwise); `.url` is its base URL."""
     traces = load_traces(paths)
     state: dict[str, Any] = {
         "traces": traces, "found": _found(traces), "requests": [], "lock": threading.Lock(), "in_flight": 0,
@@ -212,6 +215,6 @@ def tempo_server(paths: Sequence[Path], **knobs: Any) -> Iterator[ThreadingHTTPS
         "status": None, "body": b"",
     }  # fmt: skip
     state.update(knobs)
-    with serving(TempoHandler, **state) as server:
+    with serving(handler or TempoHandler, **state) as server:
         server.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
         yield server
