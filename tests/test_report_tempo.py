@@ -326,7 +326,7 @@ def test_credentials_arrive_and_are_never_printed(
 def test_a_slow_tempo_is_read_a_few_traces_at_a_time(
     traces_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with tempo_server([traces_file], delay_s=0.3) as tempo:
+    with tempo_server([traces_file], delay_s=0.5) as tempo:
         code, out, err = run_cli(capsys, "report", "--tempo", url_of(tempo), "--service", SERVICE, "--json")
         most = tempo.most_in_flight  # type: ignore[attr-defined]
     assert (code, err) == (0, "")
