@@ -534,3 +534,25 @@ def test_every_spelling_of_an_empty_search_is_an_empty_report(
     code, out, err = run_cli(capsys, "report", "--tempo", url_of(tempo), "--service", SERVICE)
     assert (code, err) == (0, "")
     assert "No llmspans traces found: nothing to report." in out
+
+
+def test_the_window_is_tempos_search_not_a_second_cut(capsys: pytest.CaptureFixture[str]) -> None:
+    """As with --jaeger, the traces Tempo's search returns for the window are the report's: here a Tempo
+    that returns the recorded traces (days old; a Tempo whose clock or block times differ from ours) gives
+    the report of the recorded files, not an empty one."""
+    from tests.support.tempo import load_traces
+
+    traces = load_traces(RECORDED)
+
+    def any_time(service: str, start_s: int, end_s: int) -> list[Any]:
+        return sorted((t for t in traces.values() if service in t.services), key=lambda t: -t.start_ns)
+
+    with tempo_server(RECORDED, found=any_time) as tempo:
+        code, from_tempo, err = run_cli(
+            capsys, "report", "--tempo", url_of(tempo), "--service", SERVICE, "--since", "2h", "--json"
+        )
+    assert (code, err) == (0, ""), err
+    code, from_file, _ = run_cli(capsys, "report", *map(str, RECORDED), "--service", SERVICE, "--json")
+    assert code == 0
+    assert _without_source(json.loads(from_file)) == _without_source(json.loads(from_tempo))
+    assert json.loads(from_tempo)["traces"] == 10

@@ -151,8 +151,9 @@ def _current(args: argparse.Namespace, options: _Options) -> Report:
             args.tempo, args.service, options.since_s or DEFAULT_TEMPO_SINCE_S, limit=_limit(args),
             tenant=args.tempo_tenant or os.environ.get(ENV_TEMPO_TENANT) or None, headers=_headers(args),
         )  # fmt: skip
-        # The same selection as a file's (--service, --since), so --tempo and FILE agree on which traces.
-        report = _span_report(traces, options)
+        # The window is Tempo's search's (start/end), as Jaeger's is; --service is applied again to what
+        # came back (a no-op against Tempo's TraceQL selection), as for a file.
+        report = _span_report(traces, dataclasses.replace(options, since_s=None))
         return dataclasses.replace(report, notes=(*report.notes, *traces.notes)) if traces.notes else report
     if args.jaeger:
         if not args.service:
