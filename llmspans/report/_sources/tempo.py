@@ -322,17 +322,17 @@ def fetch_tempo(
     fetched.sort(key=lambda spans: spans[0].end_ns if spans else 0)
     result.traces = fetched
     counts = result.counts
+    # At the limit the window may hold more: said where the source is named, not as a note, so that a report
+    # of all 500 traces of a file and one of the same 500 from Tempo stay equal but for their sources.
+    limited = "; the search's limit, the window may hold more (--limit N)" if counts.found >= limit else ""
     result.sources = [
-        f"Tempo {tempo.shown} (service {service!r}, last {window}: {counts.read} of {counts.found} traces found)"
+        f"Tempo {tempo.shown} (service {service!r}, last {window}: {counts.read} of {counts.found} traces "
+        f"found{limited})"
     ]
     if not counts.found:
         result.notes.append(
             f"Tempo's search found no trace of service {service!r} in the last {window} "
             f"({traceql_service(service)})"
-        )
-    elif counts.found >= limit:
-        result.notes.append(
-            f"Tempo's search stopped at the limit of {limit} traces: the window may hold more (--limit N)"
         )
     if counts.gone:
         result.notes.append(
