@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
         "report",
         help="per-stage and per-bucket p50/p95/p99 against budgets, and what to fix first",
         description=(
-            "Read OTLP-JSON spans (the embedded default's file, or Jaeger v2's /api/v3 query API), or the "
+            "Read OTLP-JSON spans (the embedded default's file, Jaeger v2's /api/v3 query API, or Grafana Tempo's "
+            "search and trace-by-id API), or the "
             "metrics in Prometheus, and print per-stage and per-bucket p50/p95/p99 against budgets, the dominant "
             "part at p95 with its triage rule, TTFT vs stream variability, connection churn, retry "
             "amplification, limiter gap_fraction and the slowest traces; --baseline compares two runs."

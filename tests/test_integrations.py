@@ -328,9 +328,10 @@ def test_every_service_is_on_the_compose_network(compose: dict[str, Any]) -> Non
             assert dependency in compose["services"], (service, dependency)
 
 
-PUBLISHED = {  # only the UIs and OTLP leave the compose network
+PUBLISHED = {  # only the UIs, the query APIs the report reads and OTLP leave the compose network
     "otel-collector": {4317, 4318},
     "jaeger": {16686},
+    "tempo": {3200},
     "grafana": {3000},
     "prometheus": {9090},
 }
@@ -1046,3 +1047,23 @@ def test_output_tokens_per_second_counts_only_streamed_calls_on_a_live_prometheu
     assert len(speeds) == 3
     assert set(shown) == {"both"}
     assert shown["both"] == pytest.approx(sum(speeds) / len(speeds), rel=1e-6)
+
+
+def test_the_dashboard_and_the_readme_name_tempo_as_a_report_source_too(compose: dict[str, Any]) -> None:
+    """`llmspans report --tempo` reads Tempo's published query API: the dashboard's trace links and the README
+    say so beside Jaeger, and the dashboard's Tempo link asks exactly the search the report makes."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from llmspans.report._sources.tempo import SEARCH_PATH, traceql_service
+
+    (tempo_port,) = published(compose, "tempo")
+    (jaeger_port,) = published(compose, "jaeger")
+    dashboard = json.loads((INTEGRATIONS / "grafana" / "dashboards" / "llmspans-budgets.json").read_text())
+    for text in (dashboard["description"], readme_section("View traces in Jaeger")):
+        assert f"llmspans report --tempo http://localhost:{tempo_port}" in " ".join(text.split()), text
+        assert f"--jaeger http://localhost:{jaeger_port}" in " ".join(text.split()), text
+    (link,) = [link for link in dashboard["links"] if f"localhost:{tempo_port}" in link["url"]]
+    url = urlsplit(link["url"])
+    assert (url.port, url.path) == (tempo_port, SEARCH_PATH)
+    assert parse_qs(url.query)["q"] == [unquote(traceql_service("${service:text}"))]
+    assert "llmspans report --tempo" in link["title"]

@@ -200,17 +200,19 @@ def test_an_unreachable_prometheus_is_a_one_line_error(capsys: pytest.CaptureFix
 
 class _ExemplarsOnly(BaseHTTPRequestHandler):
     """A Prometheus API with five turns of 5 s and nothing else, and two exemplars in the shape of
-    Prometheus' `query_exemplars` answer, so the report lists the traces behind them."""
+    Prometheus' `query_exemplars` answer, so the report lists the traces behind them (their trace ids
+    `server.trace_ids` when the server has them)."""
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         path, query = url.path, parse_qs(url.query).get("query", [""])[0]
         if path == "/api/v1/query_exemplars":
+            first, second = getattr(self.server, "trace_ids", ("aa" * 16, "bb" * 16))
             data: Any = [{
                 "seriesLabels": {"__name__": "llmspans_stage_duration_seconds_bucket", "llmspans_stage": "tool"},
                 "exemplars": [
-                    {"labels": {"trace_id": "aa" * 16}, "value": "2.5", "timestamp": 1.0},
-                    {"labels": {"trace_id": "bb" * 16}, "value": "0.75", "timestamp": 2.0},
+                    {"labels": {"trace_id": first}, "value": "2.5", "timestamp": 1.0},
+                    {"labels": {"trace_id": second}, "value": "0.75", "timestamp": 2.0},
                 ],
             }]  # fmt: skip
         elif path == "/api/v1/query_range":

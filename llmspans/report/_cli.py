@@ -7,12 +7,15 @@ could not be used; the reason is one line on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from llmspans import _budget
 from llmspans import _names as names
@@ -22,12 +25,18 @@ from llmspans.report._model import Report, SkippedLine
 from llmspans.report._sources import SpanSource, parse_duration
 from llmspans.report._sources.file import FileSource
 from llmspans.report._sources.jaeger import fetch_jaeger
+from llmspans.report._sources.tempo import DEFAULT_LIMIT as DEFAULT_TEMPO_LIMIT
+from llmspans.report._sources.tempo import fetch_tempo
 from llmspans.report._spans import ReportInputError
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 DEFAULT_JAEGER_SINCE_S = 3600.0
 DEFAULT_PROMETHEUS_SINCE_S = 3600.0
+DEFAULT_TEMPO_SINCE_S = 3600.0
+ENV_TEMPO_TENANT = "LLMSPANS_TEMPO_TENANT"
+ENV_TEMPO_HEADERS = "LLMSPANS_TEMPO_HEADERS"  # OTEL_EXPORTER_OTLP_HEADERS' format: name=value,name=value
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
 class Usage(Exception):
@@ -45,19 +54,37 @@ def add_arguments(report: argparse.ArgumentParser) -> None:
         help="read from Jaeger v2, e.g. http://localhost:16686 (with --prometheus: link exemplars' traces there)",
     )
     report.add_argument(
+        "--tempo",
+        metavar="URL",
+        help="read from Grafana Tempo, e.g. http://localhost:3200 (with --prometheus: link exemplars' traces there)",
+    )
+    report.add_argument(
         "--prometheus", metavar="URL",
         help="compute the triage from the metrics in Prometheus (or Mimir, Thanos, VictoriaMetrics), "
         "e.g. http://localhost:9090",
     )  # fmt: skip
     report.add_argument(
         "--service", metavar="NAME",
-        help="only traces of this service (required with --jaeger; the Prometheus job with --prometheus)",
+        help="only traces of this service (required with --jaeger and --tempo; the Prometheus job with --prometheus)",
     )  # fmt: skip
     report.add_argument(
         "--since",
         metavar="DURATION",
         help="only traces started this recently, or the Prometheus window: 90s, 30m, 1h, 2d",
     )
+    report.add_argument(
+        "--limit", metavar="N",
+        help=f"with --tempo: read at most N traces, the search's limit ({DEFAULT_TEMPO_LIMIT})",
+    )  # fmt: skip
+    report.add_argument(
+        "--tempo-tenant", metavar="ID",
+        help=f"with --tempo: the X-Scope-OrgID of a multi-tenant Tempo (default ${ENV_TEMPO_TENANT})",
+    )  # fmt: skip
+    report.add_argument(
+        "--header", action="append", metavar="'NAME: VALUE'",
+        help=f"with --tempo: send this header, e.g. 'Authorization: Bearer ...' (repeatable; also "
+        f"${ENV_TEMPO_HEADERS}=name=value,...); never printed",
+    )  # fmt: skip
     report.add_argument(
         "--baseline", nargs="+", metavar="RUN",
         help="compare against a baseline run: a FILE, or with --prometheus a window WINDOW@AGO (e.g. 1h@1d, "
@@ -77,6 +104,7 @@ class _Options:
     service: str | None
     since_s: float | None
     jaeger: str | None = None  # with --prometheus: where exemplar traces link to
+    tempo: str | None = None  # the same, for a Tempo
 
 
 def _span_report(source: SpanSource, options: _Options, *, select: bool = True) -> Report:
@@ -103,17 +131,30 @@ def _files(args: argparse.Namespace) -> list[Path]:
     if not default.exists():
         raise Usage(
             f"no traces file at {default}: run an app that calls llmspans.configure() (or `llmspans demo`), "
-            "or pass FILE, --jaeger URL or --prometheus URL"
+            "or pass FILE, --jaeger URL, --tempo URL or --prometheus URL"
         )
     return [default]
 
 
 def _current(args: argparse.Namespace, options: _Options) -> Report:
-    """The report of the run the arguments name (files, Jaeger or Prometheus)."""
+    """The report of the run the arguments name (files, Jaeger, Tempo or Prometheus)."""
+    if args.tempo and (args.files or args.jaeger):
+        raise Usage("--tempo reads the traces itself: pass no FILE or --jaeger with it")
     if sum(bool(given) for given in (args.files, args.jaeger and not args.prometheus, args.prometheus)) > 1:
-        raise Usage("pass FILE arguments, --jaeger URL or --prometheus URL, only one of them")
+        raise Usage("pass FILE arguments, --jaeger URL, --tempo URL or --prometheus URL, only one of them")
     if args.prometheus:
         return _prometheus_report(args.prometheus, options, ago_s=0.0)
+    if args.tempo:
+        if not args.service:
+            raise Usage("--tempo needs --service NAME (Tempo's search selects one service's traces)")
+        traces = fetch_tempo(
+            args.tempo, args.service, options.since_s or DEFAULT_TEMPO_SINCE_S, limit=_limit(args),
+            tenant=args.tempo_tenant or os.environ.get(ENV_TEMPO_TENANT) or None, headers=_headers(args),
+        )  # fmt: skip
+        # The window is Tempo's search's (start/end), as Jaeger's is; --service is applied again to what
+        # came back (a no-op against Tempo's TraceQL selection), as for a file.
+        report = _span_report(traces, dataclasses.replace(options, since_s=None))
+        return dataclasses.replace(report, notes=(*report.notes, *traces.notes)) if traces.notes else report
     if args.jaeger:
         if not args.service:
             raise Usage("--jaeger needs --service NAME (Jaeger searches one service's traces)")
@@ -129,8 +170,36 @@ def _prometheus_report(url: str, options: _Options, *, ago_s: float, window_s: f
 
     return query_report(
         url, service=options.service, window_s=window_s or options.since_s or DEFAULT_PROMETHEUS_SINCE_S,
-        ago_s=ago_s, budgets=options.budgets, top=options.top, jaeger=options.jaeger,
+        ago_s=ago_s, budgets=options.budgets, top=options.top, jaeger=options.jaeger, tempo=options.tempo,
     )  # fmt: skip
+
+
+def _limit(args: argparse.Namespace) -> int:
+    if args.limit is None:
+        return DEFAULT_TEMPO_LIMIT
+    try:
+        limit = int(args.limit)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise Usage(f"--limit must be a whole number of traces, 1 or more, got {args.limit!r}")
+    return limit
+
+
+def _headers(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """--header 'Name: value' (repeatable), after $LLMSPANS_TEMPO_HEADERS; a value is never echoed."""
+    found: list[tuple[str, str]] = []
+    for item in filter(None, (os.environ.get(ENV_TEMPO_HEADERS) or "").split(",")):
+        name, equals, value = item.partition("=")
+        if not equals or not _HEADER_NAME.match(name.strip()):
+            raise Usage(f"${ENV_TEMPO_HEADERS} must look like 'authorization=Bearer%20...,name=value'")
+        found.append((name.strip(), unquote(value.strip())))
+    for item in args.header or ():
+        name, colon, value = item.partition(":")
+        if not colon or not _HEADER_NAME.match(name.strip()) or not value.strip():
+            raise Usage("--header must look like 'Authorization: Bearer ...' (a name, a colon, a value)")
+        found.append((name.strip(), value.strip()))
+    return found
 
 
 def _baseline(run: str, args: argparse.Namespace, options: _Options) -> Report:
@@ -146,6 +215,25 @@ def _baseline(run: str, args: argparse.Namespace, options: _Options) -> Report:
     source.check()
     # --service and --since select a file's traces too, unless they name a Prometheus job and window.
     return _span_report(source, options, select=not args.prometheus)
+
+
+def _check_tempo_options(args: argparse.Namespace) -> None:
+    """--tempo alone is a trace source; with --prometheus it is only where exemplars link to."""
+    if args.tempo and args.jaeger and args.prometheus:
+        raise Usage(
+            "exemplars link to one place: pass --jaeger URL or --tempo URL with --prometheus, not both"
+        )
+    reads_tempo = bool(args.tempo) and not args.prometheus
+    for given, option in (
+        (args.limit, "--limit"),
+        (args.tempo_tenant, "--tempo-tenant"),
+        (args.header, "--header"),
+    ):
+        if given is not None and not reads_tempo:
+            raise Usage(
+                f"{option} goes with --tempo URL, when the report reads its traces from Tempo"
+                + (" (with --prometheus, Tempo is only where exemplars link to)" if args.tempo else "")
+            )
 
 
 def _warn_skipped(skipped: Sequence[SkippedLine]) -> None:
@@ -197,12 +285,14 @@ def run(args: argparse.Namespace) -> int:
             service=args.service,
             since_s=parse_duration(args.since) if args.since else None,
             jaeger=args.jaeger,
+            tempo=args.tempo,
         )
+        _check_tempo_options(args)
         comparison = None
         if args.baseline and len(args.baseline) == 2:
-            if args.files or args.jaeger:
+            if args.files or args.jaeger or (args.tempo and not args.prometheus):
                 raise Usage(
-                    "--baseline A B compares two runs by themselves: pass no FILE or --jaeger with it"
+                    "--baseline A B compares two runs by themselves: pass no FILE, --jaeger or --tempo with it"
                 )
             before = _baseline(args.baseline[0], args, options)
             report = _baseline(args.baseline[1], args, options)

@@ -1,4 +1,4 @@
-"""Where the report's input comes from: files and Jaeger give spans, Prometheus gives the figures.
+"""Where the report's input comes from: files, Jaeger and Tempo give spans, Prometheus the figures.
 
 A span source has `sources` (what to name in the report), `skipped` (lines it could not read) and
 `batches()`, which reads the input afresh on every call and yields lists of spans (see `_traces.py`).

@@ -434,12 +434,24 @@ def _caches(api: _Api, service: str | None, window: _Window) -> tuple[CacheRow, 
     return tuple(rows)
 
 
-def _exemplars(api: _Api, select: str, window: _Window, jaeger: str | None, top: int) -> tuple[Exemplar, ...]:
+def trace_link_prefix(jaeger: str | None, tempo: str | None) -> str | None:
+    """Where an exemplar's trace id links to: Jaeger's trace page, or Tempo's trace-by-id API (Tempo has
+    no UI of its own; Grafana's Explore reads the same id)."""
+    if jaeger:
+        return f"{jaeger.rstrip('/')}/trace/"
+    if tempo:
+        from llmspans.report._sources.tempo import TRACE_V2_PATH, shown_url
+
+        return shown_url(tempo) + TRACE_V2_PATH
+    return None
+
+
+def _exemplars(api: _Api, select: str, window: _Window, links: str | None, top: int) -> tuple[Exemplar, ...]:
     found = []
     for metric, label in ((STAGE_DURATION, LABEL_STAGE), (BUCKET_DURATION, LABEL_BUCKET)):
         for labels, value, trace_id in api.exemplars(f"{metric}_bucket{select}", window):
             series = f"{labels.get(label, '?')} ({'stage' if label == LABEL_STAGE else 'llm bucket'})"
-            link = f"{jaeger.rstrip('/')}/trace/{trace_id}" if jaeger else None
+            link = f"{links}{trace_id}" if links else None
             found.append(Exemplar(series, value, trace_id, link))
     found.sort(key=lambda exemplar: -exemplar.value_s)
     unique: dict[str, Exemplar] = {}
@@ -457,19 +469,20 @@ def query_report(
     budgets: Mapping[str, float] | None = None,
     top: int = 5,
     jaeger: str | None = None,
+    tempo: str | None = None,
     timeout_s: float = 10.0,
 ) -> Report:
     """The report of the `window_s` seconds ending `ago_s` seconds ago, for one job (`service`) or all."""
     window = _Window(time.time() - ago_s, window_s)
     api = _Api(url, timeout_s)
     try:
-        return _report(api, service, window, dict(budgets or {}), top, jaeger)
+        return _report(api, service, window, dict(budgets or {}), top, trace_link_prefix(jaeger, tempo))
     finally:
         api.close()
 
 
 def _report(
-    api: _Api, service: str | None, window: _Window, overrides: dict[str, float], top: int, jaeger: str | None
+    api: _Api, service: str | None, window: _Window, overrides: dict[str, float], top: int, links: str | None
 ) -> Report:
     select = _selector(service)
     at, span = window.end_s, window.range
@@ -594,7 +607,7 @@ def _report(
         slowest=(),
         notes=tuple(notes),
         server_gauges=_server_gauges(api, select, window),
-        exemplars=_exemplars(api, select, window, jaeger, top),
+        exemplars=_exemplars(api, select, window, links, top),
         server_histograms=server_histograms,
         prompt_caps=prompt_caps,
         caches=caches,
