@@ -127,7 +127,7 @@ class TailSampling:
     @property
     def threshold(self) -> int:
         """OpenTelemetry's rejection threshold: a trace whose 56-bit randomness is at least this is kept."""
-        return round((1 - self.ratio) * _MAX_THRESHOLD)
+        return _MAX_THRESHOLD - round(self.ratio * _MAX_THRESHOLD)  # ratio * 2**56 is exact in a float
 
     @property
     def weight(self) -> float:
