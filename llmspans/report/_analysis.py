@@ -430,6 +430,9 @@ class Analysis:
         share = self._weight_sum / self._weight_squares
         thinned = {}
         for key, values in samples.items():
+            if not values:
+                thinned[key] = values
+                continue
             size = max(1, round(len(values) * share))
             step = len(values) / size
             thinned[key] = tuple(values[min(len(values) - 1, int((i + 0.5) * step))] for i in range(size))
