@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -217,6 +217,7 @@ def _must_keep(span: ReadableSpan) -> bool:
     attributes = span._attributes  # the SDK's own mapping: no read-only proxy built per look-up
     if not attributes:
         return False
+    attributes = getattr(attributes, "_dict", attributes)  # BoundedAttributes' plain dict: C-speed look-ups
     retries = attributes.get(names.RETRY_COUNT)
     return (
         attributes.get(names.BUDGET_EXCEEDED) is True
@@ -291,9 +292,13 @@ class TailSamplingProcessor(SpanProcessor):
         self._max_held = sampling.max_held_spans
         self._max_age_ns = round(sampling.max_age * 1e9)
         self._lock = threading.Lock()
-        self._held: dict[int, _Held] = {}  # by trace id, oldest first
+        # Ordered dicts: the oldest is looked at on every span's end, and a plain dict's first key is slow
+        # to find once many keys before it were deleted.
+        self._held: OrderedDict[int, _Held] = OrderedDict()  # by trace id, oldest first
         self._held_spans = 0
-        self._decided: dict[int, float] = {}  # trace id -> weight (0: dropped), oldest first
+        self._decided: OrderedDict[int, float] = (
+            OrderedDict()
+        )  # trace id -> weight (0: dropped), oldest first
         self._shutdown = False
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forget_held)
@@ -396,7 +401,7 @@ class TailSamplingProcessor(SpanProcessor):
 
     def _forget_held(self) -> None:
         self._lock = threading.Lock()
-        self._held = {}
+        self._held = OrderedDict()
         self._held_spans = 0
 
     def _enforce_caps(self, now: int, decisions: list[_Decision], overflows: list[str]) -> None:
@@ -447,7 +452,7 @@ class TailSamplingProcessor(SpanProcessor):
         decided = self._decided
         decided[trace_id] = weight
         if len(decided) > RECENT_DECISIONS:
-            del decided[next(iter(decided))]
+            decided.popitem(last=False)
         return (spans, weight) if weight else ([], 0.0)
 
     # --- handing on ----------------------------------------------------------------------------------
