@@ -23,6 +23,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -296,12 +297,10 @@ class TailSamplingProcessor(SpanProcessor):
         # to find once many keys before it were deleted.
         self._held: OrderedDict[int, _Held] = OrderedDict()  # by trace id, oldest first
         self._held_spans = 0
-        self._decided: OrderedDict[int, float] = (
-            OrderedDict()
-        )  # trace id -> weight (0: dropped), oldest first
+        # trace id -> weight (0: dropped), oldest first
+        self._decided: OrderedDict[int, float] = OrderedDict()
         self._shutdown = False
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forget_held)
+        _live.add(self)
 
     # --- the SpanProcessor interface ---------------------------------------------------------------
 
@@ -473,6 +472,20 @@ class TailSamplingProcessor(SpanProcessor):
                         processor.on_end(copy)
                     except Exception as error:
                         _guard.report(sites.TAIL_SAMPLING_EXPORT, error)
+
+
+_live: weakref.WeakSet[TailSamplingProcessor] = weakref.WeakSet()
+"""Every processor alive, so a forked child can empty them all (one fork hook for the module, which holds
+no processor alive)."""
+
+
+def _forget_held_in_a_forked_child() -> None:
+    for processor in list(_live):
+        processor._forget_held()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_held_in_a_forked_child)
 
 
 def _checked_processors(processors: Sequence[object]) -> list[SpanProcessor]:

@@ -547,3 +547,20 @@ def test_kept_traces_reach_a_real_otlp_receiver(otlp_http_receiver: Any) -> None
     for span in spans:
         weights = [a.value.double_value for a in span.attributes if a.key == names.SAMPLE_WEIGHT]
         assert weights == [1.0]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_child_holds_none_of_its_parents_spans() -> None:
+    with recording(ratio=0.0, slower_than=None) as run:
+        tracer = run.provider.get_tracer("test")
+        root = tracer.start_span("turn open")
+        tracer.start_span("step", context=_in(root)).end()
+        assert run.processor.held_spans == 1
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's held spans are the parent's to export
+            os._exit(0 if (run.processor.held_spans, run.processor.held_traces) == (0, 0) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert run.processor.held_spans == 1
+        root.end()
+        assert run.processor.held_spans == 0
