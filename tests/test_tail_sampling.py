@@ -167,7 +167,9 @@ def test_slow_failed_over_budget_retried_and_hedged_traces_are_all_kept_whole(
     assert len(whole) == len(kinds) == 21
     for trace_id, kind in kinds.items():
         if kind == "ordinary":
-            assert trace_id not in kept, "ratio 0 keeps no ordinary trace"
+            (root,) = [s for s in whole[trace_id] if s.parent is None]
+            slow = (root.end_time or 0) - (root.start_time or 0) > 200_000_000  # a busy machine's doing
+            assert (trace_id in kept) == slow, "ratio 0 keeps no ordinary trace"
             continue
         assert trace_id in kept, kind
         assert sorted(s.context.span_id for s in kept[trace_id]) == sorted(  # type: ignore[union-attr]
