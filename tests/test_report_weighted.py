@@ -71,6 +71,9 @@ def test_counts_and_quantiles_count_each_trace_as_many_times_as_its_weight() -> 
     assert (weighted.traces, weighted.traces_read) == (40, 11)
     assert weighted.notes[0].startswith(f"weighted by {names.SAMPLE_WEIGHT} (tail sampling): the 11 traces")
     assert weighted.to_dict()["traces_read"] == 11
+    from llmspans.report._html import render
+
+    assert f"weighted by {names.SAMPLE_WEIGHT} (tail sampling)" in render(weighted)
     assert [slow.duration_s for slow in weighted.slowest].count(2.0) == 1  # listed once, however weighted
     (turn,) = plain.stages
     assert (turn.durations.count, turn.durations.p50, turn.durations.p95) == (11, 1.0, 2.0)
