@@ -331,6 +331,11 @@ def _set_up(
         exporting_spans = False
         span_exporter.shutdown()
         notes.append("left the application's existing TracerProvider and its exporters alone")
+        if tail_sampling is not None:
+            notes.append(
+                "tail sampling is not applied to the application's own TracerProvider: wrap its exporting "
+                "processor in llmspans.TailSamplingProcessor(...)"
+            )
 
     existing_meter = metrics.get_meter_provider()
     metrics_mode: Literal["otlp", "file", "none", "existing"] = route.destination

@@ -566,3 +566,29 @@ def test_a_forked_child_holds_none_of_its_parents_spans() -> None:
         assert run.processor.held_spans == 1
         root.end()
         assert run.processor.held_spans == 0
+
+
+def test_configure_says_when_an_app_provider_it_leaves_alone_gets_no_tail_sampling() -> None:
+    script = textwrap.dedent(
+        """
+        import json
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        import llmspans
+        trace.set_tracer_provider(TracerProvider())
+        conf = llmspans.configure(metrics=False, tail_sampling=llmspans.TailSampling())
+        print(json.dumps([conf.mode, conf.notes]))
+        """
+    )
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    mode, notes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert mode == "existing"
+    assert any("llmspans.TailSamplingProcessor" in note for note in notes), notes
