@@ -592,3 +592,46 @@ def test_configure_says_when_an_app_provider_it_leaves_alone_gets_no_tail_sampli
     mode, notes = json.loads(done.stdout.strip().splitlines()[-1])
     assert mode == "existing"
     assert any("llmspans.TailSamplingProcessor" in note for note in notes), notes
+
+
+_KEPT_IDS = textwrap.dedent(
+    """
+    import json, random
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
+    import llmspans
+
+    class Fixed(IdGenerator):
+        def __init__(self):
+            self.rng = random.Random(31)
+        def generate_trace_id(self):
+            return self.rng.getrandbits(128)
+        def generate_span_id(self):
+            return self.rng.getrandbits(64) or 1
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(id_generator=Fixed())
+    provider.add_span_processor(
+        llmspans.TailSamplingProcessor(SimpleSpanProcessor(exporter), ratio=0.1, slower_than=None)
+    )
+    tracer = provider.get_tracer("t")
+    for _ in range(500):
+        tracer.start_span("turn chat").end()
+    print(json.dumps(sorted(span.context.trace_id for span in exporter.get_finished_spans())))
+    """
+)
+
+
+def test_two_processes_with_the_same_ratio_keep_the_same_trace_ids() -> None:
+    kept = []
+    for hash_seed in ("1", "2"):  # two interpreters, hashed differently
+        environment = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run(
+            [sys.executable, "-c", _KEPT_IDS], env=environment, capture_output=True, text=True, timeout=120,
+            check=True,
+        )  # fmt: skip
+        kept.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert kept[0] == kept[1]
+    assert 20 <= len(kept[0]) <= 85  # 500 x 0.1, within 5 standard deviations
