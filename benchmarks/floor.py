@@ -15,6 +15,8 @@ in-memory openai transport of `inprocess.py`:
     none            `instrument()`, no provider anywhere
     configure       `configure()`, OTLP/HTTP to a local sink
     unsampled       the same with OTEL_TRACES_SAMPLER=always_off
+    tail            `configure(tail_sampling=TailSampling(ratio=0.01))`: every span recorded, most dropped at
+                    their end (the floor's spans go through tail sampling too: it is on the provider)
     app             the application's own TracerProvider (batch, OTLP) and MeterProvider (periodic
                     reader, OTLP), then `instrument()`
     app-unsampled   the same with an always-off sampler
@@ -55,7 +57,7 @@ import inprocess
 from overhead import _flush
 
 HERE = Path(__file__).resolve().parent
-SETUPS = ("none", "configure", "unsampled", "app", "app-unsampled", "otel-v2")
+SETUPS = ("none", "configure", "unsampled", "tail", "app", "app-unsampled", "otel-v2")
 WHAT = ("calls", "acalls", "streams", "astreams", "stage", "astage")
 STAGE_BATCH = 256  # stage calls between flushes, as overhead.py
 
@@ -147,6 +149,8 @@ def set_up(setup: str) -> tuple[Any, inprocess._Switch]:
     switch = inprocess._Switch()
     if setup in ("configure", "unsampled"):
         llmspans.configure(metric_interval=3600)  # a metric export costs per interval, not per call
+    elif setup == "tail":
+        llmspans.configure(metric_interval=3600, tail_sampling=llmspans.TailSampling(ratio=0.01))
     elif setup in ("app", "app-unsampled", "otel-v2"):
         inprocess._peer_providers("otlp", metric_interval_ms=3_600_000)
         if setup == "otel-v2":

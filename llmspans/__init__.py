@@ -11,6 +11,7 @@ from llmspans._limiter import Admission, Limiter, LimiterStats, LimiterTimeout
 from llmspans._prompt import PromptTooLarge
 from llmspans._setup import Configuration, configure
 from llmspans._stages import retrieval, stage, tool, turn
+from llmspans._tail_sampling import TailSampling, TailSamplingProcessor
 from llmspans._version import __version__
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "LimiterStats",
     "LimiterTimeout",
     "PromptTooLarge",
+    "TailSampling",
+    "TailSamplingProcessor",
     "__version__",
     "cache",
     "cache_lookup",

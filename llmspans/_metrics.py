@@ -113,10 +113,15 @@ HEDGE_WASTED_TOKENS = InstrumentSpec(
     "Tokens of the copy a hedged call threw away: its input, and the output it had received.", COUNTER,
     integer=True,
 )  # fmt: skip
+SAMPLE_OVERFLOW = InstrumentSpec(
+    16, names.METRIC_SAMPLE_OVERFLOW, "{trace}",
+    "Traces tail sampling decided before their local root ended, because a memory cap was reached.",
+    COUNTER, integer=True,
+)  # fmt: skip
 INSTRUMENTS: tuple[InstrumentSpec, ...] = (
     OPERATION_DURATION, TOKEN_USAGE, TIME_TO_FIRST_CHUNK, TIME_PER_OUTPUT_CHUNK, BUCKET_DURATION,
     STAGE_DURATION, BUDGET_EXCEEDED, RETRY_ATTEMPTS, CONNECT_NEW, STREAM_OUTPUT_SPEED, PROMPT_ESTIMATE_RATIO,
-    CACHE_LOOKUPS, CACHE_SAVED_ESTIMATE, HEDGE_FIRED, HEDGE_BACKUP_WON, HEDGE_WASTED_TOKENS,
+    CACHE_LOOKUPS, CACHE_SAVED_ESTIMATE, HEDGE_FIRED, HEDGE_BACKUP_WON, HEDGE_WASTED_TOKENS, SAMPLE_OVERFLOW,
 )  # fmt: skip
 # The per-chunk gaps are counted on these boundaries in nanoseconds while the stream runs.
 CHUNK_BOUNDARIES_NS: tuple[int, ...] = tuple(round(bound * 1e9) for bound in TIME_PER_OUTPUT_CHUNK.boundaries)

@@ -331,3 +331,11 @@ GEN_AI_REQUEST_ID: Final = "gen_ai.request.id"
 GEN_AI_REQUEST_N: Final = "gen_ai.request.n"
 GEN_AI_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
 GEN_AI_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+
+# Tail sampling (`configure(tail_sampling=llmspans.TailSampling(...))`, `llmspans.TailSamplingProcessor`):
+# every exported span of a tail-sampled trace says how many traces it stands for (1 when kept by a rule,
+# 1/ratio when kept by chance); the overflow counter counts traces decided early at a memory cap.
+SAMPLE_WEIGHT: Final = "llmspans.sample.weight"
+METRIC_SAMPLE_OVERFLOW: Final = "llmspans.sample.overflow"
+SAMPLE_OVERFLOW_CAP: Final = "llmspans.sample.cap"  # trace_spans | held_spans | max_age
+ENV_TRACES_SAMPLER: Final = "OTEL_TRACES_SAMPLER"

@@ -29,8 +29,9 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from llmspans import _budget, _call, _content, _openinference, _phases, _telemetry, _transport
@@ -39,6 +40,7 @@ from llmspans import _names as names
 from llmspans._aggregation import AggregatingReader, Aggregation, exemplar_filter
 from llmspans._exporters import PROTOCOLS, Compression, Protocol
 from llmspans._settings import check_attempt_spans, set_configured_attempt_spans
+from llmspans._tail_sampling import TailSampling, TailSamplingProcessor
 from llmspans._version import __version__
 
 logger = logging.getLogger("llmspans")
@@ -146,6 +148,7 @@ def configure(
     slow_after: float | str | None = None,
     openinference: bool | None = None,
     metrics: bool | None = None,
+    tail_sampling: TailSampling | None = None,
 ) -> Configuration:
     """Set up tracing and metrics for llmspans; safe to call more than once.
 
@@ -156,10 +159,16 @@ def configure(
     "always" or "never") says which calls get a child span per phase; a call is slow when it is over its
     budget or took longer than `slow_after` (2 s by default). `openinference=True` adds the span kinds
     and the project name Arize Phoenix reads. `metrics=False` exports no metrics (see `metrics_route`
-    for where they go otherwise). Export failures never raise into the application.
+    for where they go otherwise). `tail_sampling=llmspans.TailSampling(...)` records every trace and
+    exports only those its rules keep (`_tail_sampling`; it wins over `OTEL_TRACES_SAMPLER`, said in the
+    notes). Export failures never raise into the application.
     """
     global _current
     _check_arguments(service_name, endpoint, protocol, traces_file, headers, metric_interval, compression)
+    if tail_sampling is not None and not isinstance(tail_sampling, TailSampling):
+        raise TypeError(
+            f"tail_sampling must be llmspans.TailSampling(ratio=..., slower_than=...), got {tail_sampling!r}"
+        )
     chosen_attempt_spans = check_attempt_spans(attempt_spans)
     chosen_phase_spans = _phases.check(phase_spans)
     chosen_slow_after = _phases.check_slow_after(slow_after)
@@ -178,14 +187,20 @@ def configure(
 
     with _lock:
         if _current is not None:
-            if endpoint is not None or traces_file is not None or service_name is not None:
+            if (
+                endpoint is not None
+                or traces_file is not None
+                or service_name is not None
+                or tail_sampling is not None
+            ):
                 logger.warning(
                     "llmspans: configure() was already called; exporters are unchanged (%s)", _current.mode
                 )
             return _current
         _current = _set_up(
-            service_name, endpoint, protocol, traces_file, headers, metric_interval, compression, metrics
-        )
+            service_name, endpoint, protocol, traces_file, headers, metric_interval, compression, metrics,
+            tail_sampling,
+        )  # fmt: skip
         return _current
 
 
@@ -234,6 +249,7 @@ def _set_up(
     metric_interval: float | None,
     compression: str | None,
     metrics_wanted: bool | None,
+    tail_sampling: TailSampling | None = None,
 ) -> Configuration:
     global _export_health
     env_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
@@ -291,18 +307,35 @@ def _set_up(
 
     existing_tracer = trace.get_tracer_provider()
     if isinstance(existing_tracer, trace.ProxyTracerProvider):
-        tracer_provider = TracerProvider(resource=resource)
-        tracer_provider.add_span_processor(exporters.span_processor(span_exporter))
+        sampler = None
+        if tail_sampling is not None:
+            sampler = ALWAYS_ON  # every trace records until its end decides (tail sampling wins)
+            head = os.environ.get(names.ENV_TRACES_SAMPLER)
+            if head:
+                notes.append(
+                    f"tail sampling wins over {names.ENV_TRACES_SAMPLER}={head}: every trace is recorded "
+                    "and kept or dropped whole at its end"
+                )
+                logger.warning("llmspans: %s", notes[-1])
+        tracer_provider = TracerProvider(resource=resource, sampler=sampler)
+        tracer_provider.add_span_processor(_sampled(exporters.span_processor(span_exporter), tail_sampling))
         trace.set_tracer_provider(tracer_provider)
         exporting_spans = True
     elif explicit and isinstance(existing_tracer, TracerProvider):
-        existing_tracer.add_span_processor(exporters.span_processor(span_exporter))
+        existing_tracer.add_span_processor(_sampled(exporters.span_processor(span_exporter), tail_sampling))
         notes.append("added llmspans' span exporter to the application's existing TracerProvider")
+        if tail_sampling is not None:
+            notes.append("tail sampling sees only the traces the application's own sampler records")
         exporting_spans = True
     else:
         exporting_spans = False
         span_exporter.shutdown()
         notes.append("left the application's existing TracerProvider and its exporters alone")
+        if tail_sampling is not None:
+            notes.append(
+                "tail sampling is not applied to the application's own TracerProvider: wrap its exporting "
+                "processor in llmspans.TailSamplingProcessor(...)"
+            )
 
     existing_meter = metrics.get_meter_provider()
     metrics_mode: Literal["otlp", "file", "none", "existing"] = route.destination
@@ -353,6 +386,11 @@ def _set_up(
         metrics_mode=metrics_mode,
         metrics_endpoint=metric_target,
     )
+
+
+def _sampled(processor: SpanProcessor, tail_sampling: TailSampling | None) -> SpanProcessor:
+    """The exporting processor, behind tail sampling when asked for."""
+    return processor if tail_sampling is None else TailSamplingProcessor(processor, sampling=tail_sampling)
 
 
 def _forget_metrics_in_a_forked_child(

@@ -42,6 +42,8 @@ STAGE_FINISH: Final = "stage.finish"
 STAGE_SPAN_END: Final = "stage.span_end"
 STREAM_CHUNK: Final = "stream.chunk"
 STREAM_END: Final = "stream.end"
+TAIL_SAMPLING_DECIDE: Final = "tail_sampling.decide"  # holding a span, deciding its trace, counting a cap
+TAIL_SAMPLING_EXPORT: Final = "tail_sampling.export"  # handing a kept span to the wrapped processors
 TRANSPORT_ATTEMPT: Final = "transport.attempt"
 TRANSPORT_BEGIN: Final = "transport.begin"
 TRANSPORT_CLOSE: Final = "transport.close"
@@ -94,6 +96,8 @@ ALL: Final = frozenset(
         STAGE_SPAN_END,
         STREAM_CHUNK,
         STREAM_END,
+        TAIL_SAMPLING_DECIDE,
+        TAIL_SAMPLING_EXPORT,
         TRANSPORT_ATTEMPT,
         TRANSPORT_BEGIN,
         TRANSPORT_CLOSE,

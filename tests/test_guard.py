@@ -21,6 +21,8 @@ import httpx
 import openai
 import pytest
 from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import llmspans
 from llmspans import _call, _deferred, _guard, _prompt, _transport
@@ -163,6 +165,25 @@ def stage_and_turn(url: str) -> Any:
         return work()
 
 
+def tail_sampled_turn(url: str) -> Any:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from llmspans import _telemetry
+
+    provider = TracerProvider()
+    provider.add_span_processor(
+        llmspans.TailSamplingProcessor(SimpleSpanProcessor(InMemorySpanExporter()), ratio=1.0)
+    )
+    meter_provider = MeterProvider()
+    try:
+        with _telemetry.use_providers(provider, meter_provider), llmspans.turn("sampled"):
+            return openai_call(url)
+    finally:
+        provider.shutdown()
+        meter_provider.shutdown()
+
+
 def server_state(url: str) -> Any:
     from llmspans.vllm import ServerMetrics
 
@@ -300,6 +321,8 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.STAGE_SPAN_END: (stage_and_turn, lambda: patched(SdkSpan, "end", raising)),
     sites.STREAM_CHUNK: (openai_stream, lambda: patched(openai_sdk, "_chat_item", raising)),
     sites.STREAM_END: (openai_stream, lambda: patched(openai_sdk, "_finish", raising)),
+    sites.TAIL_SAMPLING_DECIDE: (tail_sampled_turn, None),
+    sites.TAIL_SAMPLING_EXPORT: (tail_sampled_turn, lambda: patched(SimpleSpanProcessor, "on_end", raising)),
     sites.TRANSPORT_ATTEMPT: (openai_call, None),
     sites.TRANSPORT_BEGIN: (openai_call, None),
     sites.TRANSPORT_CLOSE: (openai_call, lambda: patched(_transport._AttemptScope, "close", raising)),

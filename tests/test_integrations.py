@@ -500,6 +500,25 @@ def test_the_collector_fans_traces_to_jaeger_and_tempo_and_metrics_to_prometheus
     assert "--web.enable-otlp-receiver" in compose["services"]["prometheus"]["command"]
 
 
+def test_the_collector_drops_the_server_spans_of_a_trace_llmspans_dropped() -> None:
+    """vLLM's llm_request spans of a trace llmspans' tail sampling dropped: only a trace with an exported
+    llmspans span (it carries the weight) or with something besides vLLM's span is kept."""
+    collector = load(INTEGRATIONS / "otel-collector" / "config.yaml")
+    processors = collector["service"]["pipelines"]["traces"]["processors"]
+    assert processors == ["memory_limiter", "tail_sampling/llmspans", "batch"]
+    rule = collector["processors"]["tail_sampling/llmspans"]
+    conditions = {
+        policy["name"]: policy["ottl_condition"]["span"]
+        for policy in rule["policies"]
+        if policy["type"] == "ottl_condition"
+    }
+    assert len(conditions) == len(rule["policies"]) == 2  # either keeps the trace: OR
+    assert conditions["kept-by-llmspans"] == [f'attributes["{names.SAMPLE_WEIGHT}"] != nil']
+    assert conditions["not-only-vllm-server-spans"] == [f'name != "{names.VLLM_SERVER_SPAN}"']
+    assert rule["decision_wait"] == "30s"
+    assert "tail_sampling" not in collector["service"]["pipelines"]["metrics"]["processors"]
+
+
 def test_jaeger_stores_what_it_receives() -> None:
     jaeger = load(INTEGRATIONS / "jaeger" / "config.yaml")
     check_collector_pipelines(jaeger)

@@ -146,8 +146,10 @@ class Analysis:
         self.top = max(0, top)
         self.service = service
         self.cutoff_ns = cutoff_ns
-        self.traces = 0
+        self.traces = 0  # weighted: the traces the input stands for
         self.spans = 0
+        self.read = 0  # the traces read
+        self._weight_sum = self._weight_squares = 0.0
         self._stages: dict[str, _Stage] = {}
         self._buckets: dict[str, array[int]] = {bucket: array("q") for bucket in names.BUCKETS}
         self._bucket_values = tuple(self._buckets.values())
@@ -184,8 +186,22 @@ class Analysis:
         return self.cutoff_ns is None or min(span.start_ns for span in trace.spans) >= self.cutoff_ns
 
     def add(self, trace: Trace) -> None:
+        """Fold a trace in, as many times as it stands for (`Trace.copies`: 1 unless tail sampling gave
+        it a weight), so every count and quantile below is weighted; the slowest list takes it once."""
         if not self._wanted(trace):
             return
+        weight = trace.weight
+        self.read += 1
+        self._weight_sum += weight
+        self._weight_squares += weight * weight
+        copies = trace.copies() if weight != 1.0 else 1
+        totals = None
+        for _ in range(copies):
+            totals = self._fold(trace)
+        if totals is not None:
+            self._consider_slowest(trace, totals)
+
+    def _fold(self, trace: Trace) -> dict[tuple[str, str], int]:
         self.traces += 1
         self.spans += len(trace.spans)
         index = trace.index
@@ -208,7 +224,7 @@ class Analysis:
                 part_first[key] = (index, position)
             values.append(value)
         self._server.add(trace)
-        self._consider_slowest(trace, totals)
+        return totals
 
     def _add_span(self, span: Span, index: int, position: int) -> None:
         stage = span.stage
@@ -360,6 +376,13 @@ class Analysis:
             for stage in self.overrides
             if stage not in self._stages
         )
+        weighted = self._weight_squares != self._weight_sum  # some weight was not 1
+        if weighted:
+            notes = (
+                f"weighted by {names.SAMPLE_WEIGHT} (tail sampling): the {self.read} traces read stand for "
+                f"{self.traces}; counts and quantiles are estimates of the whole run",
+                *notes,
+            )
         levels = self._level_rows()
         samples = {(KIND_STAGE, row.stage): _seconds(self._stages[row.stage].durations) for row in stages}
         samples.update(
@@ -392,8 +415,28 @@ class Analysis:
             prompt_caps=figures.prompt_caps,
             caches=self._caches.result(),
             hedging=self._hedges.result(),
-            samples=samples if self.traces else {},
+            samples=(self._thinned(samples) if weighted else samples) if self.traces else {},
+            traces_read=self.read if weighted else None,
         )
+
+    def _thinned(
+        self, samples: dict[tuple[str, str], tuple[float, ...]]
+    ) -> dict[tuple[str, str], tuple[float, ...]]:
+        """A weighted run's samples cut to their effective size, for `--baseline`'s intervals.
+
+        A trace counted 20 times is one observation, not 20: each sample keeps its distribution but
+        only Kish's effective share of its values (sum(w)^2 / sum(w^2) over sum(w), over the traces
+        read), evenly spaced in rank, so a comparison's bootstrap interval is as wide as the evidence."""
+        share = self._weight_sum / self._weight_squares
+        thinned = {}
+        for key, values in samples.items():
+            if not values:
+                thinned[key] = values
+                continue
+            size = max(1, round(len(values) * share))
+            step = len(values) / size
+            thinned[key] = tuple(values[min(len(values) - 1, int((i + 0.5) * step))] for i in range(size))
+        return thinned
 
     def _variability(self) -> Variability:
         """first_token against stream over the streamed calls only: a call that did not stream has its

@@ -379,6 +379,8 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
         f"{report.spans} spans from {sources}{simulated}</p>",
         f'<p class="meta">Quantiles: {escape(report.quantile_method)}.</p>',
     ]
+    if report.traces_read is not None:  # a tail-sampled input: the weighting's one line
+        body.append(f'<p class="meta">{escape(report.notes[0])}.</p>')
     if not report.traces:
         body.append("<p>No llmspans traces found: nothing to report.</p>")
     triage = report.triage

@@ -469,6 +469,7 @@ class Report:
     prompt_caps: PromptCaps | None = None  # the levers (README "Levers"), where the app used them
     caches: tuple[CacheRow, ...] = ()
     hedging: Hedging | None = None
+    traces_read: int | None = None  # a weighted (tail-sampled) input: the traces read; `traces` is weighted
     # The sorted samples behind each stage, bucket and part (seconds), for comparisons; not in the JSON.
     samples: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -486,6 +487,8 @@ class Report:
             data.pop("exemplars")
         if not self.levels:
             data.pop("levels")
+        if self.traces_read is None:
+            data.pop("traces_read")
         if self.prompt_caps is None:
             data.pop("prompt_caps")
         else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from operator import attrgetter
+from typing import Any
 
 from llmspans import _names as names
 from llmspans.report._model import KIND_BUCKET, KIND_OTHER, KIND_STAGE, UNMARKED
@@ -25,6 +26,8 @@ _BUCKET_KEYS = tuple((KIND_BUCKET, bucket) for bucket in names.BUCKETS)
 _UNMARKED_KEY = (KIND_OTHER, UNMARKED)
 _START, _END = attrgetter("start_ns"), attrgetter("end_ns")
 _LLM, _TURN = names.STAGE_LLM, names.STAGE_TURN
+_WEIGHT = names.SAMPLE_WEIGHT
+_NUMBERS = (int, float)
 Batches = Callable[[], Iterable[list[Span]]]  # each call reads the input afresh
 
 
@@ -58,6 +61,30 @@ class Trace:
         self.spans = ordered
         self.by_id = {span.span_id: span for span in spans}
         self.marked = [span for span in ordered if span.stage is not None]
+
+    @property
+    def weight(self) -> float:
+        """How many traces this one stands for: its spans' `llmspans.sample.weight` (tail sampling), else 1."""
+        weight = 1.0
+        for span in self.marked:
+            value: Any = span.attributes.get(_WEIGHT)
+            if type(value) in _NUMBERS and value > weight:
+                weight = float(value)
+        return weight
+
+    def copies(self) -> int:
+        """How many times the analysis counts this trace: its weight, a fraction rounded up or down by a
+        draw from the trace id's high bits (independent of the low 56 the sampler read), so the expected
+        count is the weight."""
+        weight = self.weight
+        whole = int(weight)
+        if weight == whole:
+            return whole
+        try:
+            draw = int(self.trace_id[:8], 16) / 2**32
+        except ValueError:
+            draw = 0.5
+        return whole + (draw < weight - whole)
 
     def marked_ancestor(self, span: Span) -> Span | None:
         """The nearest ancestor carrying `llmspans.stage`; attempt spans, phase spans and anything else

@@ -16,6 +16,8 @@ import httpx
 import openai
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import llmspans
 from llmspans import _openinference, _phases
@@ -186,6 +188,15 @@ def _exercise() -> Exercised:
         server.enqueue(Behavior(status=503))
         with contextlib.suppress(openai.APIStatusError):
             laned.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "fails"}])
+        # Tail sampling beside the capture: a trace at its span cap is counted (the weighted copies it
+        # exports go to a processor of their own, so the captured spans stay as recorded).
+        tail = llmspans.TailSamplingProcessor(
+            SimpleSpanProcessor(InMemorySpanExporter()), ratio=0.5, max_spans_per_trace=1
+        )
+        captured.tracer_provider.add_span_processor(tail)
+        with llmspans.turn("sampled"):
+            search()
+        tail.shutdown()
 
         # vLLM 0.32 exposes every signal the sampler reads. The rates and the prefix-cache ratio need
         # two samples with a prompt looked up between them: a warm-up request, then a fresh sample. The
