@@ -135,9 +135,10 @@ def test_the_report_from_tempo_equals_the_report_from_the_file(
                     f"Tempo {url_of(tempo)} (service {SERVICE!r}, last 1h: 10 of 10 traces found)"
                 ]
                 # what the equality covers: every figure of a real run, its server split and its slowest
-                assert file_report["traces"] == 10
+                # half the traces stand for ten each (weight 10): 5 + 5 x 10, read from 10
+                assert (file_report["traces_read"], file_report["traces"]) == (10, 55)
                 assert file_report["triage"]["dominant"] == "queue"
-                assert file_report["server"]["calls"] == 10
+                assert file_report["server"]["calls"] == 55
                 assert len(file_report["slowest"]) == 5
             else:
                 assert _text_body(from_file) == _text_body(from_tempo)
@@ -186,7 +187,7 @@ def test_the_search_asks_tempo_for_one_service_window_and_limit(
     code, out, err = run_cli(capsys, "report", "--tempo", url_of(tempo) + "/", "--service", SERVICE, "--json")
     after = time.time()
     assert (code, err) == (0, "")
-    assert json.loads(out)["traces"] == 10  # the other service's trace is not asked for
+    assert json.loads(out)["traces_read"] == 10  # the other service's trace is not asked for
     (search,) = [(p, q) for p, q, _ in tempo.requests if p == "/api/search"]  # type: ignore[attr-defined]
     query = search[1]
     assert query["q"] == f'{{ resource.service.name = "{SERVICE}" }}'
@@ -202,7 +203,7 @@ def test_limit_reads_at_most_that_many_traces_the_most_recent(
                              "--json")  # fmt: skip
     assert (code, err) == (0, "")
     report = json.loads(out)
-    assert report["traces"] == 3
+    assert report["traces_read"] == 3
     assert report["sources"][0].endswith(
         "last 1h: 3 of 3 traces found; the search's limit, the window may hold more (--limit N))"
     )
@@ -236,7 +237,7 @@ def test_a_trace_gone_from_tempo_is_counted_and_skipped(
         code, out, err = run_cli(capsys, "report", "--tempo", url_of(tempo), "--service", SERVICE, "--json")
     assert (code, err) == (0, "")
     report = json.loads(out)
-    assert report["traces"] == 8
+    assert report["traces_read"] == 8
     assert report["sources"][0].endswith("last 1h: 8 of 10 traces found)")
     assert (
         "2 of the 10 traces Tempo's search found were gone when fetched (HTTP 404): skipped"
@@ -246,7 +247,7 @@ def test_a_trace_gone_from_tempo_is_counted_and_skipped(
         tempo.vanished = {found[0].trace_id}  # type: ignore[attr-defined]
         code, out, err = run_cli(capsys, "report", "--tempo", url_of(tempo), "--service", SERVICE, "--json")
     assert (code, err) == (0, "")
-    assert json.loads(out)["traces"] == 9
+    assert json.loads(out)["traces_read"] == 9
 
 
 def test_a_search_that_finds_nothing_is_an_empty_report_not_an_error(
@@ -282,11 +283,11 @@ def test_the_tenant_header_from_the_option_or_the_environment(
             "--json",
         )
         assert (code, err) == (0, "")
-        assert json.loads(out)["traces"] == 10
+        assert json.loads(out)["traces_read"] == 10
         monkeypatch.setenv("LLMSPANS_TEMPO_TENANT", "team-a")
         code, out, err = run_cli(capsys, "report", "--tempo", url_of(tempo), "--service", SERVICE, "--json")
         assert (code, err) == (0, "")
-        assert json.loads(out)["traces"] == 10
+        assert json.loads(out)["traces_read"] == 10
         tenants = {headers.get("X-Scope-OrgID") for _, _, headers in tempo.requests}  # type: ignore[attr-defined]
     assert tenants == {None, "team-a"}
 
@@ -308,7 +309,7 @@ def test_credentials_arrive_and_are_never_printed(
                     capsys, "report", "--tempo", url, "--service", SERVICE, *argv, *output
                 )
                 assert code == 0, err
-                assert "10 traces" in out or json.loads(out)["traces"] == 10
+                assert "10 traces" in out or json.loads(out)["traces_read"] == 10
                 assert SECRET not in out + err
             assert SECRET not in html.read_text()
         authorizations = {h.get("Authorization") for _, _, h in tempo.requests}  # type: ignore[attr-defined]
@@ -331,7 +332,7 @@ def test_a_slow_tempo_is_read_a_few_traces_at_a_time(
         code, out, err = run_cli(capsys, "report", "--tempo", url_of(tempo), "--service", SERVICE, "--json")
         most = tempo.most_in_flight  # type: ignore[attr-defined]
     assert (code, err) == (0, "")
-    assert json.loads(out)["traces"] == 10
+    assert json.loads(out)["traces_read"] == 10
     assert 2 <= most <= CONCURRENCY  # fetched side by side, never more than the fixed concurrency
 
 
