@@ -1152,7 +1152,7 @@ class SimulatedServer:
             for index in range(sent, sent + tokens):
                 if index == shaped.drop_after:
                     ex.drop()
-                rec.chunk_due_ns.append(time.perf_counter_ns())
+                rec.chunk_due_ns.append(int(request.token_ts[min(index, len(request.token_ts) - 1)] * 1e9))
                 ex.send(plan.content(index))
                 rec.chunk_sent_ns.append(time.perf_counter_ns())
             sent += tokens
