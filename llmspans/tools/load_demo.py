@@ -1,8 +1,9 @@
 """`llmspans demo --load`: a knee to look at without a vLLM.
 
 It starts the shipped simulator with a capacity model in a child process (`python -m
-llmspans.tools.simulator --slots 4 ...`: 4 batch slots, 1 ms of prefill per prompt token, 12 ms per
-output token, vLLM's /metrics names), runs `llmspans load ... --provider vllm` against it in another
+llmspans.tools.simulator --slots 4 ...`: 4 batch slots, 2 ms of prefill per prompt token, 20 ms per
+output token, vLLM's /metrics names; a request takes about a third of a second, long beside a busy
+machine's hiccups), runs `llmspans load ... --provider vllm` against it in another
 child process (the very command a user types, printed first, its output as it prints it), and stops
 the simulator however the run ends. The load finds the knee between 4 and 8 concurrent users and names
 what grew there: first_token, with the server's waiting requests rising and running pinned at 4, so "the
@@ -34,13 +35,13 @@ class LoadDemo:
     """The simulated server and the load that finds its knee (the defaults are what the README shows)."""
 
     slots: int = 4
-    prefill_per_token: float = 0.001
-    decode_per_token: float = 0.012
+    prefill_per_token: float = 0.002
+    decode_per_token: float = 0.02
     model: str = "sim-model"
     concurrency: str = "1,2,4,8"
     prompt_tokens: int = 80
     max_tokens: int = 10
-    slo: str = "ttft=200ms,e2e=400ms"
+    slo: str = "ttft=300ms,e2e=600ms"
 
     def simulator_command(self) -> list[str]:
         return [

@@ -51,12 +51,13 @@ import types
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Literal, get_args
+from typing import Any, BinaryIO, Literal, TypeVar, get_args
 
 from llmspans.tools.capacity import Capacity, Engine, EngineRequest, Stopped, words
 
 __all__ = [
-    "Behavior", "Capacity", "Exchange", "HTTPCore", "RecordedRequest", "SimulatedServer", "UsageMode", "main",
+    "Behavior", "Capacity", "Exchange", "HTTPCore", "LocalServer", "RecordedRequest", "SimulatedServer",
+    "UsageMode", "main",
 ]  # fmt: skip
 
 UsageMode = Literal["chunk", "finish", "none", "auto"]
@@ -943,7 +944,57 @@ class HTTPCore:
         return keep_alive
 
 
-class SimulatedServer:
+_Served = TypeVar("_Served", bound="LocalServer")
+
+
+class LocalServer:
+    """A server on an `HTTPCore` in background threads: start and stop, a context manager, its URLs.
+
+    What this module's server and the tests' vLLM one share; each sets `_core` and may extend `stop()`.
+    """
+
+    _core: HTTPCore
+
+    def start(self: _Served) -> _Served:
+        """Bind and begin serving; returns ``self`` for chaining."""
+        self._core.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the listener and every open connection (streams included), then join threads."""
+        self._core.stop(timeout)
+
+    def __enter__(self: _Served) -> _Served:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        return self._core.port
+
+    @property
+    def url(self) -> str:
+        """The server root, for clients that add ``/v1`` themselves (and where ``/metrics`` is)."""
+        return self._core.url
+
+    @property
+    def base_url(self) -> str:
+        """What to pass as an OpenAI client's ``base_url``."""
+        return f"{self.url}/v1"
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Wait until no request is being handled, so records are final before asserting on them."""
+        return self._core.wait_idle(timeout)
+
+
+class SimulatedServer(LocalServer):
     """An OpenAI-compatible server on 127.0.0.1 running in background threads.
 
     Use as a context manager or call :meth:`start` / :meth:`stop`. ``default`` may be
@@ -967,45 +1018,13 @@ class SimulatedServer:
         self._core = HTTPCore(self._dispatch, port=port, record=record)
         self.engine: Engine | None = Engine(capacity) if capacity is not None else None
 
-    # -- lifecycle ---------------------------------------------------------------------
-
-    def start(self) -> SimulatedServer:
-        """Bind and begin serving; returns ``self`` for chaining."""
-        self._core.start()
-        return self
-
     def stop(self, timeout: float = 5.0) -> None:
         """Close the listener and every open connection (streams included), then join threads."""
         if self.engine is not None:
             self.engine.stop()
         self._core.stop(timeout)
 
-    def __enter__(self) -> SimulatedServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # -- public state ------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        return self._core.port
-
-    @property
-    def url(self) -> str:
-        """The server root, for clients that add ``/v1`` themselves."""
-        return self._core.url
-
-    @property
-    def base_url(self) -> str:
-        """What to pass as an OpenAI client's ``base_url``."""
-        return f"{self.url}/v1"
 
     def enqueue(self, *behaviors: Behavior) -> None:
         """Script the next API requests, in order; the default applies once the queue is empty."""
@@ -1024,10 +1043,6 @@ class SimulatedServer:
     def clear(self) -> None:
         """Forget recorded requests and the connection count (connection ids stay unique)."""
         self._core.clear()
-
-    def wait_idle(self, timeout: float = 5.0) -> bool:
-        """Wait until no request is being handled, so records are final before asserting on them."""
-        return self._core.wait_idle(timeout)
 
     # -- answering ---------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from llmspans.tools.capacity import Capacity, Engine, EngineEvents, EngineRequest, Stopped
 from llmspans.tools.capacity import words as prompt_words
-from llmspans.tools.simulator import _DONE_FRAME, Exchange, HTTPCore, _dumps, _sse, _token
+from llmspans.tools.simulator import _DONE_FRAME, Exchange, HTTPCore, LocalServer, _dumps, _sse, _token
 
 __all__ = [
     "FAMILIES",
@@ -551,7 +551,7 @@ def _usage(r: EngineRequest, completion_tokens: int | None = None) -> dict[str, 
     }
 
 
-class VLLMSimulator:
+class VLLMSimulator(LocalServer):
     """A vLLM-like server on 127.0.0.1 in background threads; a context manager.
 
     `otlp_traces_endpoint` is where `llm_request` spans go (a full OTLP/HTTP URL ending in
@@ -575,42 +575,16 @@ class VLLMSimulator:
         self._scrapes: list[Scrape] = []
         self._started_at = time.time()
 
-    # --- lifecycle ------------------------------------------------------------------------
-
-    def start(self) -> VLLMSimulator:
-        self._core.start()
-        return self
-
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Stop serving: waiting and running requests are abandoned, connections closed, threads joined."""
         if self._engine.stopping.is_set():
             return
         self._engine.stop()
-        self._core.stop()
+        self._core.stop(timeout)
         if self._tracing is not None:
             self._tracing.provider.shutdown()
 
-    def __enter__(self) -> VLLMSimulator:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
     # --- what tests read ------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        return self._core.port
-
-    @property
-    def url(self) -> str:
-        """The server root (where `/metrics` is)."""
-        return self._core.url
-
-    @property
-    def base_url(self) -> str:
-        """What to pass as an OpenAI client's `base_url`."""
-        return f"{self.url}/v1"
 
     @property
     def requests(self) -> list[EngineRequest]:
@@ -626,10 +600,6 @@ class VLLMSimulator:
     def state(self) -> tuple[int, int, float]:
         """The scheduler now: (waiting, running, KV-cache usage)."""
         return self._engine.state()[:3]
-
-    def wait_idle(self, timeout: float = 5.0) -> bool:
-        """Wait until no request is being handled (records and spans are final)."""
-        return self._core.wait_idle(timeout)
 
     def wait_for_state(self, predicate: Callable[[int, int], bool], timeout: float = 5.0) -> bool:
         """Poll the scheduler until `predicate(waiting, running)` holds."""
