@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,22 @@ def _wait_for(predicate: Any, timeout: float = 10.0) -> bool:
     return False
 
 
+@contextmanager
+def _posting(client: httpx.Client, count: int, body: dict[str, Any]) -> Iterator[None]:
+    """`count` requests sent at once from threads; the block runs while they are in flight."""
+    threads = [
+        threading.Thread(target=client.post, args=("/chat/completions",), kwargs={"json": body})
+        for _ in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        for thread in threads:
+            thread.join()
+
+
 def _metrics(server: SimulatedServer) -> dict[str, tuple[dict[str, str], float]]:
     text = httpx.get(f"{server.url}/metrics").text
     return {
@@ -72,17 +89,9 @@ def test_slots_bound_what_runs_the_rest_wait_and_metrics_say_so_in_vllms_names(
 ) -> None:
     engine = two_slots.engine
     assert engine is not None
-    with httpx.Client(base_url=two_slots.base_url, timeout=30) as client:
-        threads = [
-            threading.Thread(target=client.post, args=("/chat/completions",), kwargs={"json": _chat(20, 8)})
-            for _ in range(5)
-        ]
-        for thread in threads:
-            thread.start()
+    with httpx.Client(base_url=two_slots.base_url, timeout=30) as client, _posting(client, 5, _chat(20, 8)):
         assert _wait_for(lambda: engine.state()[:2] == (3, 2)), engine.state()
         metrics = _metrics(two_slots)
-        for thread in threads:
-            thread.join()
     # Read while 3 waited and 2 ran (the 5 requests last a second at least): the gauges agree.
     labels, waiting = metrics["vllm:num_requests_waiting"]
     assert labels == {"engine": "0", "model_name": "sim-model"}
@@ -132,16 +141,9 @@ def test_a_full_queue_is_rejected_with_503() -> None:
     ):
         engine = server.engine
         assert engine is not None
-        threads = [
-            threading.Thread(target=client.post, args=("/chat/completions",), kwargs={"json": _chat(10, 4)})
-            for _ in range(2)
-        ]
-        for thread in threads:
-            thread.start()
-        assert _wait_for(lambda: engine.state()[:2] == (1, 1)), engine.state()
-        rejected = client.post("/chat/completions", json=_chat(10, 4))
-        for thread in threads:
-            thread.join()
+        with _posting(client, 2, _chat(10, 4)):
+            assert _wait_for(lambda: engine.state()[:2] == (1, 1)), engine.state()
+            rejected = client.post("/chat/completions", json=_chat(10, 4))
     assert rejected.status_code == 503
     assert "queue is full" in rejected.json()["error"]["message"]
 
