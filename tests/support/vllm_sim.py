@@ -823,20 +823,13 @@ def _any_value(value: Any) -> Any:
     return getattr(value, kind) if kind else None
 
 
-class OTLPReceiver:
+class OTLPReceiver(LocalServer):
     """A tiny OTLP/HTTP (protobuf) trace receiver on 127.0.0.1, on the same HTTP core; a context manager."""
 
     def __init__(self) -> None:
         self._core = HTTPCore(self._respond, record=False)
         self._cond = threading.Condition()
         self._spans: list[ReceivedSpan] = []
-
-    def __enter__(self) -> OTLPReceiver:
-        self._core.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._core.stop()
 
     @property
     def traces_url(self) -> str:
