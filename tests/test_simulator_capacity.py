@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -272,3 +273,35 @@ def test_the_demo_stops_its_simulator_whatever_the_load_does(capfd: pytest.Captu
     # A simulator that cannot start (nonsense settings): exit 2, nothing left either.
     assert load_demo.run(load_demo.LoadDemo(slots=0)) == 2
     assert _children() == children_before
+
+
+def test_ctrl_c_stops_the_demo_the_load_and_the_simulator(tmp_path: Path) -> None:
+    """Ctrl-C reaches the whole foreground group (the demo, its simulator, its load): the load prints
+    what it had and the demo exits 130 with its simulator reaped and the port closed."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "llmspans", "demo", "--load"], cwd=tmp_path, env=_env(tmp_path),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert demo.stdout is not None
+        seen = ""
+        while "$ llmspans load" not in seen:
+            line = demo.stdout.readline()
+            assert line, seen
+            seen += line
+        assert demo.stderr is not None
+        while not re.match(r"1 concurrent: \d+/\d+ done", demo.stderr.readline()):  # a level is done
+            pass
+        os.killpg(demo.pid, signal.SIGINT)
+        out, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+    assert demo.returncode == 130, err
+    match = _STARTED.search(" ".join(seen.split()))
+    assert match is not None, seen
+    assert not Path(f"/proc/{match.group(2)}").exists()
+    assert _refused(match.group(1))
+    assert "llmspans load: stopping" in err
+    assert "concurrency=1 " in out  # the level done before Ctrl-C, printed all the same

@@ -28,6 +28,7 @@ __all__ = ["LoadDemo", "run"]
 _URL_TIMEOUT_S = 30.0  # the simulator prints its URL once it listens: an import and a bind
 _STOP_TIMEOUT_S = 5.0
 _WIDTH = 100
+_INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ def _say(stream: TextIO, text: str) -> None:
     print(textwrap.fill(text, _WIDTH, subsequent_indent="  ", break_on_hyphens=False), file=stream)
 
 
+def _ignore_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _read_url(process: subprocess.Popen[str]) -> str | None:
     """The simulator's first line (its base URL), or None if it ended or said nothing in time."""
     assert process.stdout is not None
@@ -94,15 +99,19 @@ def run(
     out: TextIO | None = None,
     load_command: Sequence[str] | None = None,
 ) -> int:
-    """Run the demo; the load's exit code (2 when the simulator did not start). `extra` is passed to
-    `llmspans load` (`--json`, `--html OUT.html`); with `--json`, stdout holds the load's document alone
-    and the demo's own lines go to stderr. `load_command` replaces `python -m llmspans` (for tests)."""
+    """Run the demo; the load's exit code (2 when the simulator did not start, 130 after Ctrl-C, when the
+    load prints what it had). `extra` is passed to `llmspans load` (`--json`, `--html OUT.html`); with
+    `--json`, stdout holds the load's document alone and the demo's own lines go to stderr.
+    `load_command` replaces `python -m llmspans` (for tests)."""
     demo = demo or LoadDemo()
     say = out or (sys.stderr if "--json" in extra else sys.stdout)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The simulator ignores Ctrl-C, which reaches every process of the terminal's group: it keeps serving
+    # while the load finishes what it has in flight and prints it, then it is stopped here.
     simulator = subprocess.Popen(
-        demo.simulator_command(), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env
-    )
+        demo.simulator_command(), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
+        preexec_fn=_ignore_ctrl_c,
+    )  # fmt: skip
     load: subprocess.Popen[bytes] | None = None
     try:
         url = _read_url(simulator)
@@ -132,6 +141,9 @@ def run(
                 "--provider vllm",
             )
         return code
+    except KeyboardInterrupt:  # before the load started, or a second Ctrl-C: stop everything now
+        print("\nllmspans demo: interrupted", file=sys.stderr)
+        return _INTERRUPTED
     finally:
         if load is not None:
             _stop(load)
