@@ -1,13 +1,15 @@
-"""How fast and how flat `llmspans report FILE` is on a large file, old path against new, in one run.
+"""How fast and how flat `llmspans report FILE` is on a large file, against its decoder's floor, in one run.
 
 The file is `llmspans demo`'s own output (the embedded default's OTLP-JSON lines of a `healthy` and a
 `retries` run, spans and metric points alike), replicated with new trace ids and shifted in time until it
 reaches the target size (150 MB: about 20,000 traces and 160,000 spans). Each path runs in a child process
 of its own, so its peak RSS is its own (`wait4`'s `ru_maxrss`); MB/s is the file's size over the child's
-wall time, imports included. The old path is the report as it was before issue 16 (kept as the test
-oracle in `tests/support/report_reference.py`); the new path is `llmspans report FILE --json`.
+wall time, imports included. The report is `llmspans report FILE --json`; the floor is its decoder
+(msgspec) reading the same file into the per-span facts the analysis needs, alone (`report_engines.py
+msgspec`): what is left is the report's own work. (The old whole-in-memory report that issue 16 replaced
+is gone; its last figures are in docs/report.md.)
 
-    python benchmarks/report.py                 # 150 MB, both paths, one round each
+    python benchmarks/report.py                 # 150 MB, report and floor, one round each
     python benchmarks/report.py --mb 20 --rounds 3
     python benchmarks/report.py --quick         # 5 MB: checks that it runs
     python benchmarks/report.py --engines       # also the engine candidates' extraction alone (see README)
@@ -86,20 +88,15 @@ def measure(argv: list[str]) -> tuple[float, float]:
     return elapsed, usage.ru_maxrss / 1024  # Linux: kilobytes
 
 
-OLD = (
-    "import json, sys\n"
-    "from tests.support.report_reference import analyse, read_files\n"
-    "from pathlib import Path\n"
-    "loaded = read_files([Path(sys.argv[1])])\n"
-    "report = analyse(loaded.spans, sources=loaded.sources, skipped=loaded.skipped)\n"
-    "json.dumps(report.to_dict(), indent=2)\n"
-)
+FLOOR = "floor (msgspec extraction)"
+REPORT = "llmspans report --json"
 
 
 def paths(file: Path) -> dict[str, list[str]]:
+    script = str(Path(__file__).with_name("report_engines.py"))
     return {
-        "old (before issue 16)": [sys.executable, "-c", OLD, str(file)],
-        "new (llmspans report)": [sys.executable, "-m", "llmspans", "report", str(file), "--json"],
+        FLOOR: [sys.executable, script, "msgspec", str(file)],
+        REPORT: [sys.executable, "-m", "llmspans", "report", str(file), "--json"],
     }
 
 
@@ -143,11 +140,11 @@ def main() -> int:
             seconds = sorted(r[0] for r in results)[len(results) // 2]
             rss = max(r[1] for r in results)
             print(f"{name:<28}{seconds:>9.2f}{size / 1e6 / seconds:>8.1f}{rss:>13.0f}")
-        old, new = figures["old (before issue 16)"], figures["new (llmspans report)"]
-        old_s, new_s = sorted(r[0] for r in old)[len(old) // 2], sorted(r[0] for r in new)[len(new) // 2]
-        print(
-            f"new/old: {old_s / new_s:.1f}x faster, peak RSS {max(r[1] for r in new) / max(r[1] for r in old):.2f}x"
-        )
+        floor, report = figures[FLOOR], figures[REPORT]
+        floor_s = sorted(r[0] for r in floor)[len(floor) // 2]
+        report_s = sorted(r[0] for r in report)[len(report) // 2]
+        rss = max(r[1] for r in report) / max(r[1] for r in floor)
+        print(f"report/floor: {report_s / floor_s:.2f}x the time, peak RSS {rss:.2f}x")
     return 0
 
 

@@ -1,10 +1,11 @@
-"""The worked example of docs/load.md: `llmspans load` against the tests' vLLM simulator, and the HTML's picture.
+"""The worked example of docs/load.md: `llmspans load` against the shipped simulator, and the HTML's picture.
 
     python docs/load_example.py      # prints the run's output; writes docs/load-example.png (needs chromium)
 
-The simulator (tests/support/vllm_sim.py) has 4 batch slots, 1 ms of prefill per prompt word and 12 ms
-per decoded token; the run is the command a user would type, in a child process, with its spans in a
-temporary traces file.
+The simulator is the one users install (`python -m llmspans.tools.simulator --slots 4
+--prefill-per-token 0.002 --decode-per-token 0.02`): 4 batch slots, 2 ms of prefill per prompt word and
+20 ms per decoded token, vLLM's /metrics names, as `llmspans demo --load` runs it; the run is the command a user would type, in a child
+process, with its spans in a temporary traces file.
 """
 
 from __future__ import annotations
@@ -15,23 +16,25 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from llmspans.tools.load_demo import LoadDemo
+from llmspans.tools.simulator import Capacity, SimulatedServer
 
-from tests.support.vllm_sim import EngineConfig, VLLMSimulator  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    config = EngineConfig(max_num_seqs=4, prefill_per_token=0.001, decode_per_token=0.012)
-    with tempfile.TemporaryDirectory() as workdir, VLLMSimulator(config) as sim:
+    demo = LoadDemo()
+    capacity = Capacity(
+        slots=demo.slots,
+        prefill_per_token=demo.prefill_per_token,
+        decode_per_token=demo.decode_per_token,
+        model=demo.model,
+    )
+    with tempfile.TemporaryDirectory() as workdir, SimulatedServer(capacity=capacity, record=False) as sim:
         html = Path(workdir) / "load.html"
         env = {key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "LLMSPANS_"))}
         env["LLMSPANS_TRACES_FILE"] = str(Path(workdir) / "traces.jsonl")
-        command = [
-            "llmspans", "load", sim.base_url, "--model", config.model, "--concurrency", "1,2,4,8",
-            "--max-tokens", "10", "--prompt-tokens", "80", "--provider", "vllm", "--slo", "ttft=200ms,e2e=400ms",
-            "--html", str(html),
-        ]  # fmt: skip
+        command = ["llmspans", *demo.load_arguments(sim.base_url), "--html", str(html)]
         print("$ " + " ".join(command).replace(sim.base_url, "http://127.0.0.1:8000/v1"))
         done = subprocess.run(
             [sys.executable, "-m", "llmspans", *command[1:]],

@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
         "--hedge", action="store_true",
         help="hedge each LLM call after 150 ms (to the other replica in the slow-replica scenario)",
     )  # fmt: skip
+    demo.add_argument(
+        "--load", action="store_true",
+        help="instead: start the simulator with 4 batch slots and run `llmspans load --provider vllm` against it, "
+        "to see the knee and what grew there (--json and --html go to the load; needs llmspans[openai,vllm])",
+    )  # fmt: skip
 
     load = commands.add_parser(
         "load",
@@ -178,6 +183,18 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _load_demo(args: argparse.Namespace) -> int:
+    from llmspans.tools import load_demo
+
+    if args.scenario != "healthy" or args.hedge:
+        print(
+            "llmspans demo: --load runs its own workload: leave out --scenario and --hedge", file=sys.stderr
+        )
+        return EXIT_BAD_INPUT
+    extra = (["--json"] if args.json else []) + (["--html", args.html] if args.html else [])
+    return load_demo.run(extra=extra)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `llmspans` console script."""
     args = _parser().parse_args(argv)
@@ -185,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report_cli.run(args)
     if args.command == "load":
         return load_cli.run(args)
+    if args.load:
+        return _load_demo(args)
     return _demo(args)
 
 

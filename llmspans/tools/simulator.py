@@ -17,8 +17,17 @@ Only the POST API endpoints (chat/completions, completions, embeddings, response
 JSON-object body consume behaviours; ``GET /v1/models``, ``/health``, unknown paths and
 malformed requests never do.
 
+With a capacity model (``SimulatedServer(capacity=Capacity(slots=4))``, or ``--slots 4`` on the
+command line), the chat, completions and Responses endpoints are timed by a vLLM-like engine instead
+(``llmspans.tools.capacity``): batch slots, a FIFO queue, prefill and decode time per token, a KV
+cache, and ``GET /metrics`` with vLLM's names for waiting, running and KV-cache usage. The behaviour
+still chooses the answer (status, usage, tool calls, drops...), but its delays are not used: the engine
+times the first token and each one after it; the output is the request's ``max_tokens`` (finish
+reason ``length``) or, without one, ``chunks`` tokens.
+
 The HTTP plumbing under it, ``HTTPCore`` (listener, connections, request parsing) and
-``Exchange`` (one answer, whole or streamed), is also what the tests' vLLM simulator stands on.
+``Exchange`` (one answer, whole or streamed), is also what the tests' vLLM simulator stands on, with
+the same engine.
 """
 
 from __future__ import annotations
@@ -42,9 +51,14 @@ import types
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Literal, get_args
+from typing import Any, BinaryIO, Literal, TypeVar, get_args
 
-__all__ = ["Behavior", "Exchange", "HTTPCore", "RecordedRequest", "SimulatedServer", "UsageMode", "main"]
+from llmspans.tools.capacity import Capacity, Engine, EngineRequest, Stopped, words
+
+__all__ = [
+    "Behavior", "Capacity", "Exchange", "HTTPCore", "LocalServer", "RecordedRequest", "SimulatedServer",
+    "UsageMode", "main",
+]  # fmt: skip
 
 UsageMode = Literal["chunk", "finish", "none", "auto"]
 
@@ -226,19 +240,9 @@ def _tool_piece(i: int, n: int) -> str:
     return piece
 
 
-def _count_words(obj: Any) -> int:
-    """Whitespace-separated words in prompt-like JSON; token-id arrays count one per id."""
-    if isinstance(obj, str):
-        return len(obj.split())
-    if isinstance(obj, bool):
-        return 0
-    if isinstance(obj, int):
-        return 1
-    if isinstance(obj, list):
-        return sum(_count_words(item) for item in obj)
-    if isinstance(obj, dict):
-        return sum(_count_words(obj[k]) for k in ("content", "text", "input", "output") if k in obj)
-    return 0
+def _prompt(body: dict[str, Any]) -> list[str]:
+    """The prompt's tokens: the words of its instructions, messages, prompt and input."""
+    return words([body.get(k) for k in ("instructions", "messages", "prompt", "input")])
 
 
 def _embedding(item: Any, dims: int) -> list[float]:
@@ -309,14 +313,13 @@ class _Ctx:
         mode: str = behavior.usage
         if mode == "auto":
             mode = "chunk" if include_usage else "none"
-        prompt = [body.get(k) for k in ("instructions", "messages", "prompt", "input")]
         return cls(
             body=body,
             behavior=behavior,
             seq=seq,
             created=int(time.time()),
             model=str(body.get("model") or _MODELS[0]),
-            prompt_tokens=max(1, _count_words(prompt)),
+            prompt_tokens=max(1, len(_prompt(body))),
             stream=body.get("stream") is True,
             usage_mode=mode,
         )
@@ -485,6 +488,10 @@ def _embeddings(c: _Ctx) -> _Full | _Stream:
         data.append({"object": "embedding", "index": index, "embedding": value})
     usage = {"prompt_tokens": c.prompt_tokens, "total_tokens": c.prompt_tokens}
     return _Full(_dumps({"object": "list", "data": data, "model": c.model, "usage": usage}))
+
+
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_MAX_TOKENS_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 def _responses(c: _Ctx) -> _Full | _Stream:
@@ -937,23 +944,18 @@ class HTTPCore:
         return keep_alive
 
 
-class SimulatedServer:
-    """An OpenAI-compatible server on 127.0.0.1 running in background threads.
+_Served = TypeVar("_Served", bound="LocalServer")
 
-    Use as a context manager or call :meth:`start` / :meth:`stop`. ``default`` may be
-    reassigned at any time; see the module docstring for how behaviours are chosen.
-    ``record=False`` keeps long benchmark runs from accumulating request records.
+
+class LocalServer:
+    """A server on an `HTTPCore` in background threads: start and stop, a context manager, its URLs.
+
+    What this module's server and the tests' vLLM one share; each sets `_core` and may extend `stop()`.
     """
 
-    def __init__(self, default: Behavior | None = None, *, port: int = 0, record: bool = True) -> None:
-        self.default: Behavior = default if default is not None else Behavior()
-        self._lock = threading.Lock()
-        self._queue: deque[Behavior] = deque()
-        self._core = HTTPCore(self._dispatch, port=port, record=record)
+    _core: HTTPCore
 
-    # -- lifecycle ---------------------------------------------------------------------
-
-    def start(self) -> SimulatedServer:
+    def start(self: _Served) -> _Served:
         """Bind and begin serving; returns ``self`` for chaining."""
         self._core.start()
         return self
@@ -962,7 +964,7 @@ class SimulatedServer:
         """Close the listener and every open connection (streams included), then join threads."""
         self._core.stop(timeout)
 
-    def __enter__(self) -> SimulatedServer:
+    def __enter__(self: _Served) -> _Served:
         return self.start()
 
     def __exit__(
@@ -973,21 +975,56 @@ class SimulatedServer:
     ) -> None:
         self.stop()
 
-    # -- public state ------------------------------------------------------------------
-
     @property
     def port(self) -> int:
         return self._core.port
 
     @property
     def url(self) -> str:
-        """The server root, for clients that add ``/v1`` themselves."""
+        """The server root, for clients that add ``/v1`` themselves (and where ``/metrics`` is)."""
         return self._core.url
 
     @property
     def base_url(self) -> str:
         """What to pass as an OpenAI client's ``base_url``."""
         return f"{self.url}/v1"
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Wait until no request is being handled, so records are final before asserting on them."""
+        return self._core.wait_idle(timeout)
+
+
+class SimulatedServer(LocalServer):
+    """An OpenAI-compatible server on 127.0.0.1 running in background threads.
+
+    Use as a context manager or call :meth:`start` / :meth:`stop`. ``default`` may be
+    reassigned at any time; see the module docstring for how behaviours are chosen.
+    ``record=False`` keeps long benchmark runs from accumulating request records. ``capacity``
+    gives it batch slots, a queue and per-token timing (see the module docstring); ``engine`` is
+    then the engine, whose ``state()`` is (waiting, running, KV-cache usage, deferred).
+    """
+
+    def __init__(
+        self,
+        default: Behavior | None = None,
+        *,
+        port: int = 0,
+        record: bool = True,
+        capacity: Capacity | None = None,
+    ) -> None:
+        self.default: Behavior = default if default is not None else Behavior()
+        self._lock = threading.Lock()
+        self._queue: deque[Behavior] = deque()
+        self._core = HTTPCore(self._dispatch, port=port, record=record)
+        self.engine: Engine | None = Engine(capacity) if capacity is not None else None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the listener and every open connection (streams included), then join threads."""
+        if self.engine is not None:
+            self.engine.stop()
+        self._core.stop(timeout)
+
+    # -- public state ------------------------------------------------------------------
 
     def enqueue(self, *behaviors: Behavior) -> None:
         """Script the next API requests, in order; the default applies once the queue is empty."""
@@ -1006,10 +1043,6 @@ class SimulatedServer:
     def clear(self) -> None:
         """Forget recorded requests and the connection count (connection ids stay unique)."""
         self._core.clear()
-
-    def wait_idle(self, timeout: float = 5.0) -> bool:
-        """Wait until no request is being handled, so records are final before asserting on them."""
-        return self._core.wait_idle(timeout)
 
     # -- answering ---------------------------------------------------------------------
 
@@ -1031,6 +1064,9 @@ class SimulatedServer:
             common.append(("connection", "close"))
         if rec.path in _HEALTH_PATHS and rec.method == "GET":
             ex.send_full(200, b'{"status":"ok"}', common)
+            return
+        if rec.path == "/metrics" and rec.method == "GET" and self.engine is not None:
+            ex.send_full(200, self.engine.metrics_text(), common, content_type=_METRICS_TYPE)
             return
         if rec.path == "/v1/models" and rec.method == "GET":
             models = [
@@ -1064,12 +1100,84 @@ class SimulatedServer:
         if behavior.status >= 400:
             ex.send_full(behavior.status, _error_body(behavior.status), headers, behavior.header_delay)
             return
+        if self.engine is not None and builder is not _embeddings:
+            try:
+                self._through_engine(self.engine, ex, builder, behavior, seq, headers)
+            except Stopped:
+                raise _Drop from None  # the server is stopping: close the connection
+            return
         plan = builder(_Ctx.build(rec.body, behavior, seq))
         if isinstance(plan, _Full):
             status = behavior.status if plan.status == 200 else plan.status
             ex.send_full(status, plan.body, headers, behavior.header_delay)
             return
         ex.send_stream(behavior, plan, headers)
+
+    def _through_engine(
+        self,
+        engine: Engine,
+        ex: Exchange,
+        builder: Callable[[_Ctx], _Full | _Stream],
+        behavior: Behavior,
+        seq: int,
+        headers: list[tuple[str, str]],
+    ) -> None:
+        """Answer through the capacity model: queued for a slot, the first token after the prefill, one
+        token every decode step; the output is `max_tokens` (finish `length`) or `chunks` tokens."""
+        rec, body = ex.rec, ex.rec.body
+        prompt = _prompt(body) or ["."]
+        asked = next((body[key] for key in _MAX_TOKENS_KEYS if body.get(key) is not None), None)
+        if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
+            ex.send_full(400, _error_body(400, f"max_tokens must be at least 1, got {asked!r}"), headers)
+            return
+        target = asked if asked is not None else max(1, behavior.chunks)
+        if not engine.fits_alone(len(prompt), target):
+            message = "The request needs more KV-cache blocks than the server has."
+            ex.send_full(400, _error_body(400, message), headers)
+            return
+        if engine.rejects():
+            message = "The server is at capacity: its waiting queue is full."
+            ex.send_full(503, _error_body(503, message), headers)
+            return
+        shaped = dataclasses.replace(
+            behavior, chunks=target, finish_reason="length" if asked is not None else behavior.finish_reason
+        )
+        plan = builder(_Ctx.build(body, shaped, seq))
+        if isinstance(plan, _Full) and plan.status != 200:
+            ex.send_full(plan.status, plan.body, headers)
+            return
+        arrival = rec.arrived_ns / 1e9
+        request = EngineRequest(
+            request_id=f"req_sim{seq}", path=rec.path, headers=dict(rec.headers), body=body,
+            stream=isinstance(plan, _Stream), words=prompt, max_tokens=asked, target_tokens=target,
+            arrival_time=time.time() - (time.perf_counter() - arrival), arrival=arrival,
+        )  # fmt: skip
+        if isinstance(plan, _Full):
+            engine.run(request, lambda tokens, last: None)
+            ex.send_full(shaped.status, plan.body, headers)
+            return
+        sse_headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
+        ex.start_stream(shaped.status, [*sse_headers, *headers])
+        for frame in plan.prelude:
+            ex.send(frame)
+        sent = 0
+
+        def emit(tokens: int, last: bool) -> None:
+            nonlocal sent
+            for index in range(sent, sent + tokens):
+                if index == shaped.drop_after:
+                    ex.drop()
+                rec.chunk_due_ns.append(int(request.token_ts[min(index, len(request.token_ts) - 1)] * 1e9))
+                ex.send(plan.content(index))
+                rec.chunk_sent_ns.append(time.perf_counter_ns())
+            sent += tokens
+
+        engine.run(request, emit)
+        if shaped.drop_after is not None:
+            ex.drop()
+        for frame in plan.tail[:-1]:
+            ex.send(frame)
+        ex.end_stream(plan.tail[-1] if plan.tail else b"")
 
 
 def _read_headers(rfile: BinaryIO) -> dict[str, str]:
@@ -1129,7 +1237,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--first-chunk-delay", type=float, default=0.0)
     parser.add_argument("--chunk-gap", type=float, default=0.0)
     parser.add_argument("--usage", choices=get_args(UsageMode), default="auto")
+    model = parser.add_argument_group(
+        "capacity model", "batch slots, a queue, per-token timing and vLLM's /metrics (on with --slots)"
+    )
+    model.add_argument(
+        "--slots", type=int, metavar="N", help="requests running at once (vLLM's --max-num-seqs)"
+    )
+    model.add_argument(
+        "--prefill-per-token", type=float, metavar="S", help="seconds per prompt token (0.001)"
+    )
+    model.add_argument("--decode-per-token", type=float, metavar="S", help="seconds per output token (0.01)")
+    model.add_argument("--kv-blocks", type=int, metavar="N", help="KV-cache blocks (1024)")
+    model.add_argument("--block-size", type=int, metavar="N", help="tokens per KV-cache block (16)")
+    model.add_argument("--max-waiting", type=int, metavar="N", help="reject (503) past this many waiting")
+    model.add_argument("--model", metavar="NAME", help="the model_name label of /metrics (sim-model)")
     args = parser.parse_args(argv)
+    given = {
+        name: getattr(args, name)
+        for name in (
+            "prefill_per_token",
+            "decode_per_token",
+            "kv_blocks",
+            "block_size",
+            "max_waiting",
+            "model",
+        )
+        if getattr(args, name) is not None
+    }
+    capacity = None
+    if args.slots is not None:
+        try:
+            capacity = Capacity(slots=args.slots, **given)
+        except ValueError as error:
+            parser.error(str(error))
+    elif given:
+        parser.error(f"--{next(iter(given)).replace('_', '-')} is part of the capacity model: add --slots N")
     behavior = Behavior(
         chunks=args.chunks,
         header_delay=args.header_delay,
@@ -1140,7 +1282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (what process managers send) ends the server as cleanly as Ctrl-C.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with SimulatedServer(behavior, port=args.port, record=False) as server:
+    with SimulatedServer(behavior, port=args.port, record=False, capacity=capacity) as server:
         print(server.base_url, flush=True)
         try:
             while True:

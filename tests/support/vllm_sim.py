@@ -12,7 +12,8 @@ vLLM needs CUDA, so tests talk to this instead. It stands on the simulator's HTT
   with tracing, the **newer engine** runs: labels `model_name` and `engine`, and its span has
   prefill, decode and inference, with the queue time counted from when the engine queued the
   request. See `Release` for each metric's releases.
-- **A scheduler**: a request first spends `frontend_delay` in the front end (tokenising, chat
+- **A scheduler**, the shipped simulator's capacity model (`llmspans.tools.capacity.Engine`, which
+  `EngineConfig.capacity()` configures, plus `held()` for tests about order): a request first spends `frontend_delay` in the front end (tokenising, chat
   template), then waits in one FIFO queue; it is admitted while fewer than `max_num_seqs` run and
   its KV-cache blocks fit in `num_kv_blocks` (`block_size` tokens each; full prompt blocks are
   shared between requests with the same prefix). It prefills its uncached prompt tokens at
@@ -51,17 +52,15 @@ in-process tests compare them with their own clock. Bound to 127.0.0.1 only.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import gzip
 import itertools
 import json
-import math
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -73,7 +72,9 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from llmspans.tools.simulator import _DONE_FRAME, Exchange, HTTPCore, _dumps, _sse, _token
+from llmspans.tools.capacity import Capacity, Engine, EngineEvents, EngineRequest, Stopped
+from llmspans.tools.capacity import words as prompt_words
+from llmspans.tools.simulator import _DONE_FRAME, Exchange, HTTPCore, LocalServer, _dumps, _sse, _token
 
 __all__ = [
     "FAMILIES",
@@ -241,57 +242,17 @@ class EngineConfig:
     def release(self, tracing: bool) -> Release:
         return Release(_version(self.version), tracing)
 
-
-@dataclass(kw_only=True)
-class EngineRequest:
-    """One request's life in the engine; monotonic stamps are `time.perf_counter()` seconds."""
-
-    request_id: str
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-    stream: bool
-    words: list[str] = field(repr=False)  # the prompt's tokens, one per word
-    max_tokens: int | None
-    target_tokens: int
-    arrival_time: float  # wall clock, as vLLM's `arrival_time`
-    arrival: float  # the same instant on the monotonic clock
-    deferred_until: float | None = None  # while its grammar compiles
-    queued_ts: float | None = None
-    scheduled_ts: float | None = None  # first admission
-    first_token_ts: float | None = None
-    last_token_ts: float | None = None
-    finished_ts: float | None = None
-    token_ts: list[float] = field(default_factory=list)
-    chunk_sent: list[float] = field(default_factory=list)  # after each content chunk's write
-    chunk_tokens: list[int] = field(default_factory=list)  # tokens carried by each content chunk
-    finish_reason: str | None = None
-    cached_tokens: int = 0  # prompt tokens found in the prefix cache at the first admission
-    preemptions: int = 0
-    recomputes: list[tuple[float, int]] = field(default_factory=list)  # (readmitted at, tokens to compute)
-    steps: int = 0  # engine steps that computed something for this request
-    compute_time: float = 0.0  # seconds of those steps (prefills and decodes)
-    # The engine's view while it runs: when it was last admitted, how many tokens that admission
-    # computes before the next token, and its full prompt blocks (shared by content).
-    admissions: int = field(default=0, repr=False)
-    admitted_ts: float | None = field(default=None, repr=False)
-    to_compute: int = field(default=0, repr=False)
-    prompt_blocks: tuple[int, ...] = field(default=(), repr=False)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.words)
-
-    @property
-    def generated(self) -> int:
-        return len(self.token_ts)
-
-    @property
-    def time_in_queue(self) -> float:
-        """The newer engine's: from when the engine queued the request to its first admission."""
-        assert self.scheduled_ts is not None
-        assert self.queued_ts is not None
-        return self.scheduled_ts - self.queued_ts
+    def capacity(self, release: Release) -> Capacity:
+        """The shipped simulator's capacity model for this server and release."""
+        caching = self.enable_prefix_caching
+        return Capacity(
+            slots=self.max_num_seqs, prefill_per_token=self.prefill_per_token,
+            decode_per_token=self.decode_per_token, frontend_delay=self.frontend_delay,
+            block_size=self.block_size, kv_blocks=self.num_kv_blocks,
+            prefix_caching=release.prefix_caching_by_default if caching is None else caching,
+            max_waiting=self.max_waiting if release.admission_control else None,
+            stream_interval=self.stream_interval, model=self.model,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -304,170 +265,37 @@ class Scrape:
     kv_cache_usage: float
 
 
-class _Stopped(Exception):
-    """The server is stopping: abandon the request."""
+class _Engine(Engine):
+    """The shipped engine, with admissions that a test can hold (see `VLLMSimulator.held`)."""
 
+    def __init__(self, capacity: Capacity, events: EngineEvents) -> None:
+        super().__init__(capacity, events)
+        self.held = False  # admit nothing: requests queue in the order they came
 
-class _Engine:
-    """The scheduler, the KV-cache blocks and the prefix cache (see the module docstring)."""
-
-    def __init__(self, config: EngineConfig, release: Release, metrics: _PrometheusMetrics) -> None:
-        self.config = config
-        self.release = release
-        self.metrics = metrics
-        self.stopping = threading.Event()
-        self.cond = threading.Condition()
-        self.waiting: collections.deque[EngineRequest] = collections.deque()
-        self.running: list[EngineRequest] = []
-        caching = config.enable_prefix_caching
-        self.prefix_caching = release.prefix_caching_by_default if caching is None else caching
-        self.cached_blocks: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self.held = False  # admit nothing: requests queue in the order they came (see `VLLMSimulator.held`)
+    def admitting(self) -> bool:
+        return not self.held
 
     def hold(self, held: bool) -> None:
         with self.cond:
             self.held = held
-            self._schedule()
+            self.schedule()
 
-    def stop(self) -> None:
-        self.stopping.set()
-        with self.cond:
-            self.cond.notify_all()
 
-    # --- blocks ---------------------------------------------------------------------------------
+class _Events:
+    """What the engine reports, to the release's Prometheus metrics and (finished requests) to tracing."""
 
-    def _blocks(self, requests: list[EngineRequest], grow: EngineRequest | None = None) -> int:
-        """KV blocks the requests hold (shared prompt blocks once), `grow` holding one token more."""
-        size = self.config.block_size
-        shared: set[int] = set()
-        private = 0
-        for r in requests:
-            tokens = r.prompt_tokens + r.generated + (1 if r is grow else 0)
-            shared.update(r.prompt_blocks)
-            private += math.ceil(tokens / size) - len(r.prompt_blocks)
-        return len(shared) + private
+    def __init__(self, metrics: _PrometheusMetrics, tracing: _Tracing | None) -> None:
+        self.metrics, self.tracing = metrics, tracing
+        self.preempted, self.rejected, self.prefix_lookup = (
+            metrics.preempted,
+            metrics.rejected,
+            metrics.prefix_lookup,
+        )
 
-    def kv_cache_usage(self) -> float:
-        return min(1.0, self._blocks(self.running) / self.config.num_kv_blocks)
-
-    def _block_hashes(self, words: list[str]) -> tuple[int, ...]:
-        size = self.config.block_size
-        hashes, previous = [], 0
-        for start in range(0, len(words) - size + 1, size):
-            previous = hash((previous, tuple(words[start : start + size])))
-            hashes.append(previous)
-        return tuple(hashes)
-
-    # --- scheduling (under self.cond) -------------------------------------------------------------
-
-    def rejects(self) -> bool:
-        """Admission control (0.32 and later, with `max_waiting`): whether the queue is full now."""
-        limit = self.config.max_waiting
-        if not self.release.admission_control or limit is None:
-            return False
-        with self.cond:
-            if len(self.waiting) < limit:
-                return False
-        self.metrics.rejected()
-        return True
-
-    def add(self, r: EngineRequest) -> None:
-        """Queue the request and block until the scheduler admits it."""
-        with self.cond:
-            r.queued_ts = time.perf_counter()
-            self.waiting.append(r)
-            self._wait_admitted(r)
-
-    def _wait_admitted(self, r: EngineRequest) -> None:
-        while True:
-            self._schedule()
-            if r in self.running:
-                return
-            if self.stopping.is_set():
-                if r in self.waiting:
-                    self.waiting.remove(r)
-                raise _Stopped
-            deferred = r.deferred_until
-            timeout = None if deferred is None else max(0.0, deferred - time.perf_counter()) + 0.0005
-            self.cond.wait(timeout)
-
-    def _schedule(self) -> None:
-        now = time.perf_counter()
-        index = 0
-        while not self.held and index < len(self.waiting) and len(self.running) < self.config.max_num_seqs:
-            candidate = self.waiting[index]
-            if candidate.deferred_until is not None and candidate.deferred_until > now:
-                index += 1  # skipped while its grammar compiles
-                continue
-            blocks = self._block_hashes(candidate.words)
-            candidate.prompt_blocks = blocks
-            if self._blocks([*self.running, candidate], grow=candidate) > self.config.num_kv_blocks:
-                candidate.prompt_blocks = ()
-                break  # first come, first served: nothing overtakes a request that does not fit
-            del self.waiting[index]
-            self._admit(candidate, now)
-        self.cond.notify_all()
-
-    def _admit(self, r: EngineRequest, now: float) -> None:
-        tokens = r.prompt_tokens + r.generated
-        cached = 0
-        if self.prefix_caching:
-            usable = (tokens - 1) // self.config.block_size  # at least one token is always computed
-            for block in r.prompt_blocks[:usable]:
-                if block not in self.cached_blocks:
-                    break
-                cached += self.config.block_size
-            self.metrics.prefix_lookup(queried=tokens, hit=cached)
-            for block in r.prompt_blocks:
-                self.cached_blocks[block] = None
-                self.cached_blocks.move_to_end(block)
-            while len(self.cached_blocks) > self.config.num_kv_blocks:
-                self.cached_blocks.popitem(last=False)
-        if r.scheduled_ts is None:
-            r.scheduled_ts = now
-            r.cached_tokens = cached
-        else:
-            r.recomputes.append((now, tokens - cached))
-        r.admissions += 1
-        r.admitted_ts = now
-        r.to_compute = tokens - cached
-        self.running.append(r)
-
-    def step(self, r: EngineRequest, admission: int) -> bool:
-        """Room for `r`'s next token, preempting the latest admitted requests if need be; False
-        when the computation since `admission` was lost (`r` was preempted meanwhile, or now)."""
-        with self.cond:
-            while r in self.running and self._blocks(self.running, grow=r) > self.config.num_kv_blocks:
-                self._preempt(self.running[-1])
-            return r in self.running and r.admissions == admission
-
-    def _preempt(self, victim: EngineRequest) -> None:
-        self.running.remove(victim)
-        victim.prompt_blocks = ()
-        victim.preemptions += 1
-        self.waiting.appendleft(victim)
-        self.metrics.preempted()
-        self.cond.notify_all()
-
-    def readmit(self, r: EngineRequest) -> None:
-        """After a preemption: wait at the head of the queue until admitted again."""
-        with self.cond:
-            self._wait_admitted(r)
-
-    def release_request(self, r: EngineRequest) -> None:
-        with self.cond:
-            if r in self.running:
-                self.running.remove(r)
-            elif r in self.waiting:
-                self.waiting.remove(r)
-            self._schedule()
-
-    def state(self) -> tuple[int, int, float, int]:
-        """(waiting, running, KV-cache usage, of the waiting: deferred) now."""
-        now = time.perf_counter()
-        with self.cond:
-            deferred = sum(1 for r in self.waiting if r.deferred_until is not None and r.deferred_until > now)
-            return len(self.waiting), len(self.running), self.kv_cache_usage(), deferred
+    def finished(self, r: EngineRequest) -> None:
+        self.metrics.finished(r)
+        if self.tracing is not None:
+            self.tracing.export(r)
 
 
 class _PrometheusMetrics:
@@ -704,23 +532,6 @@ class _Tracing:
         return attributes
 
 
-def _words(obj: Any) -> list[str]:
-    """The prompt's tokens, one per whitespace-separated word (token-id arrays: one per id)."""
-    if isinstance(obj, str):
-        return obj.split()
-    if isinstance(obj, bool):
-        return []
-    if isinstance(obj, int):
-        return [str(obj)]
-    if isinstance(obj, list):
-        return [word for item in obj for word in _words(item)]
-    if isinstance(obj, dict):
-        return [
-            word for key in ("content", "text", "input", "output") if key in obj for word in _words(obj[key])
-        ]
-    return []
-
-
 def _structured(body: dict[str, Any]) -> bool:
     response_format = body.get("response_format")
     kind = response_format.get("type") if isinstance(response_format, dict) else None
@@ -740,7 +551,7 @@ def _usage(r: EngineRequest, completion_tokens: int | None = None) -> dict[str, 
     }
 
 
-class VLLMSimulator:
+class VLLMSimulator(LocalServer):
     """A vLLM-like server on 127.0.0.1 in background threads; a context manager.
 
     `otlp_traces_endpoint` is where `llm_request` spans go (a full OTLP/HTTP URL ending in
@@ -754,52 +565,26 @@ class VLLMSimulator:
         self.config = config if config is not None else EngineConfig()
         self.release = self.config.release(tracing=otlp_traces_endpoint is not None)
         self._prometheus = _PrometheusMetrics(self.config, self.release)
-        self._engine = _Engine(self.config, self.release, self._prometheus)
         self._tracing = (
             _Tracing(otlp_traces_endpoint, self.config, self.release) if otlp_traces_endpoint else None
         )
+        self._engine = _Engine(self.config.capacity(self.release), _Events(self._prometheus, self._tracing))
         self._core = HTTPCore(self._respond, record=False)
         self._lock = threading.Lock()
         self._requests: list[EngineRequest] = []
         self._scrapes: list[Scrape] = []
         self._started_at = time.time()
 
-    # --- lifecycle ------------------------------------------------------------------------
-
-    def start(self) -> VLLMSimulator:
-        self._core.start()
-        return self
-
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Stop serving: waiting and running requests are abandoned, connections closed, threads joined."""
         if self._engine.stopping.is_set():
             return
         self._engine.stop()
-        self._core.stop()
+        self._core.stop(timeout)
         if self._tracing is not None:
             self._tracing.provider.shutdown()
 
-    def __enter__(self) -> VLLMSimulator:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
     # --- what tests read ------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        return self._core.port
-
-    @property
-    def url(self) -> str:
-        """The server root (where `/metrics` is)."""
-        return self._core.url
-
-    @property
-    def base_url(self) -> str:
-        """What to pass as an OpenAI client's `base_url`."""
-        return f"{self.url}/v1"
 
     @property
     def requests(self) -> list[EngineRequest]:
@@ -815,10 +600,6 @@ class VLLMSimulator:
     def state(self) -> tuple[int, int, float]:
         """The scheduler now: (waiting, running, KV-cache usage)."""
         return self._engine.state()[:3]
-
-    def wait_idle(self, timeout: float = 5.0) -> bool:
-        """Wait until no request is being handled (records and spans are final)."""
-        return self._core.wait_idle(timeout)
 
     def wait_for_state(self, predicate: Callable[[int, int], bool], timeout: float = 5.0) -> bool:
         """Poll the scheduler until `predicate(waiting, running)` holds."""
@@ -891,7 +672,7 @@ class VLLMSimulator:
             ex.send_full(400, _error(400, message, "BadRequestError"), common)
             return
         chat = rec.path.endswith("/chat/completions")
-        words = _words(body.get("messages") if chat else body.get("prompt")) or ["."]
+        words = prompt_words(body.get("messages") if chat else body.get("prompt")) or ["."]
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             message = f"max_tokens must be at least 1, got {max_tokens}."
@@ -902,7 +683,7 @@ class VLLMSimulator:
             message = "This model's maximum context length was exceeded."
             ex.send_full(400, _error(400, message, "BadRequestError"), common)
             return
-        if math.ceil((len(words) + target) / self.config.block_size) > self.config.num_kv_blocks:
+        if not self._engine.fits_alone(len(words), target):
             message = "The request needs more KV-cache blocks than the server has."
             ex.send_full(400, _error(400, message, "BadRequestError"), common)
             return
@@ -935,11 +716,11 @@ class VLLMSimulator:
                 self._stream(ex, request, chat, include_usage, continuous, common)
             else:
                 self._whole(ex, request, chat, common)
-        except _Stopped:
+        except Stopped:
             pass  # the server is stopping; HTTPCore closes the connection
 
     def _whole(self, ex: Exchange, r: EngineRequest, chat: bool, common: list[tuple[str, str]]) -> None:
-        self._run(r, lambda tokens, last: None)
+        self._engine.run(r, lambda tokens, last: None)
         text = "".join(_token(i) for i in range(r.generated))
         choice: dict[str, Any] = {
             "index": 0,
@@ -1002,78 +783,10 @@ class VLLMSimulator:
             r.chunk_sent.append(time.perf_counter())
             r.chunk_tokens.append(tokens)
 
-        self._run(r, emit)
+        self._engine.run(r, emit)
         if include_usage:
             ex.send(_sse(_dumps({**base, "choices": [], "usage": _usage(r)})))
         ex.end_stream(_DONE_FRAME)
-
-    # --- the engine's side of one request ---------------------------------------------------------
-
-    def _wait_until(self, deadline: float) -> None:
-        remaining = deadline - time.perf_counter()
-        stopping = self._engine.stopping
-        if (remaining > 0 and stopping.wait(remaining)) or stopping.is_set():
-            raise _Stopped
-
-    def _run(self, r: EngineRequest, emit: Callable[[int, bool], None]) -> None:
-        """Front end, queue, prefill and decode one request; `emit(tokens, last)` writes a content chunk.
-
-        The request finishes in the engine (slot released, metrics observed, span exported)
-        before its last chunk is written, as in vLLM, where the output processor handles the
-        finished request before the API server streams its final delta. A request that does
-        not finish (the client went away, the server stops) is aborted: no metrics, no span.
-        """
-        config, engine = self.config, self._engine
-        self._wait_until(r.arrival + config.frontend_delay)
-        engine.add(r)
-        finished = False
-        try:
-            pending = 0
-            admission, prefill, due = self._admitted(r)
-            while True:
-                self._wait_until(due)
-                if not engine.step(r, admission):  # preempted: back to the queue, then recompute
-                    engine.readmit(r)
-                    admission, prefill, due = self._admitted(r)
-                    continue
-                now = time.perf_counter()
-                r.steps += 1
-                r.compute_time += prefill if prefill else config.decode_per_token
-                prefill = 0.0
-                r.token_ts.append(now)
-                if r.generated == 1:
-                    r.first_token_ts = now
-                pending += 1
-                last = r.generated == r.target_tokens
-                if last:
-                    r.last_token_ts = now
-                    r.finish_reason = "length" if r.max_tokens is not None else "stop"
-                    self._finish(r)
-                    finished = True
-                if last or r.generated == 1 or pending >= config.stream_interval:
-                    emit(pending, last)
-                    pending = 0
-                if last:
-                    return
-                due = now + config.decode_per_token
-        finally:
-            if not finished:
-                self._finish(r)  # aborted: the client went away or the server is stopping
-
-    def _admitted(self, r: EngineRequest) -> tuple[int, float, float]:
-        """The latest admission, its prefill (or recompute) time, and when its next token is due."""
-        assert r.admitted_ts is not None
-        prefill = r.to_compute * self.config.prefill_per_token
-        return r.admissions, prefill, r.admitted_ts + prefill
-
-    def _finish(self, r: EngineRequest) -> None:
-        r.finished_ts = time.perf_counter()
-        self._engine.release_request(r)
-        if r.finish_reason is None:
-            return
-        self._prometheus.finished(r)
-        if self._tracing is not None:
-            self._tracing.export(r)
 
     def _render_metrics(self) -> bytes:
         waiting, running, kv_cache_usage, deferred = self._engine.state()
@@ -1110,20 +823,13 @@ def _any_value(value: Any) -> Any:
     return getattr(value, kind) if kind else None
 
 
-class OTLPReceiver:
+class OTLPReceiver(LocalServer):
     """A tiny OTLP/HTTP (protobuf) trace receiver on 127.0.0.1, on the same HTTP core; a context manager."""
 
     def __init__(self) -> None:
         self._core = HTTPCore(self._respond, record=False)
         self._cond = threading.Condition()
         self._spans: list[ReceivedSpan] = []
-
-    def __enter__(self) -> OTLPReceiver:
-        self._core.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._core.stop()
 
     @property
     def traces_url(self) -> str:
