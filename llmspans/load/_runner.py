@@ -89,6 +89,7 @@ class Runner:
         workers: int | None = 1,
         export: WorkerExport | None = None,
         notice: Notice | None = None,
+        client: str = "httpx",
     ) -> None:
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError(
@@ -114,10 +115,11 @@ class Runner:
         self.workers = workers
         self.export = export
         self.notice = notice
+        self.client = client
         self.generator = Generator(
             workload, base_url=base_url, tracer_provider=tracer_provider, run_id=self.run_id, api_key=api_key,
             provider=provider, limiter=limiter, server_metrics=server_metrics, max_retries=max_retries,
-            timeout=timeout,
+            timeout=timeout, client=client,
         )  # fmt: skip
         self.stamper = self.generator.stamper
         self._issued = 0
@@ -251,6 +253,7 @@ class Runner:
                     provider=self.provider, max_retries=self.max_retries, timeout=self.timeout, run_id=self.run_id,
                     service_name=export.service_name, traces_file=traces_file,
                     vllm_interval=self.server_metrics.interval if self.server_metrics is not None else None,
+                    client=self.client,
                 )  # fmt: skip
 
             self._pool = WorkerPool(setup, export, self.run_id)

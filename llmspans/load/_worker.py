@@ -65,7 +65,7 @@ class _Worker:
         self.generator = Generator(
             setup.workload, base_url=setup.base_url, tracer_provider=provider, run_id=setup.run_id,
             api_key=setup.api_key, provider=setup.provider, server_metrics=self.server_metrics,
-            max_retries=setup.max_retries, timeout=setup.timeout,
+            max_retries=setup.max_retries, timeout=setup.timeout, client=setup.client,
         )  # fmt: skip
         await self.generator.start()
         gc.collect()

@@ -73,6 +73,7 @@ class Setup:
     service_name: str | None
     traces_file: str | None  # the worker's own file, with the embedded default; None: OTLP as configured
     vllm_interval: float | None  # --provider vllm: the worker samples /metrics for its own call spans
+    client: str = "httpx"  # the generator's client: "httpx" (plain, lean) or "openai" (the SDK)
 
 
 @dataclass(frozen=True)
