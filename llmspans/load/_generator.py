@@ -50,6 +50,7 @@ CLIENTS = ("httpx", "openai")
 # The plain client retries as the openai SDK does: these back-offs (doubling, with jitter), or retry-after.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 8.0
+_RETRY_HEADER = _retries.RETRY_COUNT_HEADER.encode()
 _PATHS = {"chat": "chat/completions", "completions": "completions", "responses": "responses"}
 
 
@@ -148,7 +149,8 @@ class Generator:
         opener = getattr(transport, "_plain", None)
         if opener is not None:  # the adapter's opener, with the load tool's stream observer
             transport._plain = LoadCalls(opener.settings)
-        self._path = _PATHS[self.workload.endpoint]
+        self._url = httpx2.URL(self.base_url.rstrip("/") + "/" + _PATHS[self.workload.endpoint])
+        self._headers = [(name.encode(), value.encode()) for name, value in self._client.headers.items()]
 
     def body(self, index: int) -> bytes:
         """Request `index`'s JSON body for the plain client (usage asked for when streamed, as the SDK
@@ -165,14 +167,17 @@ class Generator:
     async def _send(self, record: RequestRecord, body: bytes) -> None:
         """One request on the plain client, retried as the openai SDK retries (the same header, so llmspans
         groups the attempts into one call); the body is read to its end, its observer stamping chunks."""
-        client, path = self._client, self._path
+        import httpx2
+
+        client, url = self._client, self._url
         attempt = 0
         while True:
-            headers = {_retries.RETRY_COUNT_HEADER: str(attempt)}
+            # The request built whole here: the client's own build_request merges and parses its URL again.
+            headers = [*self._headers, (_RETRY_HEADER, str(attempt).encode())]
             last = attempt >= self.max_retries
             try:
                 response = await client.send(
-                    client.build_request("POST", path, content=body, headers=headers), stream=True
+                    httpx2.Request("POST", url, headers=headers, content=body), stream=True
                 )
             except Exception as error:
                 if last or not _transport_retried(error):
