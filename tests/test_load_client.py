@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,6 +21,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmspans import _names as names
 from llmspans import _telemetry
+from llmspans.load import _host
+from llmspans.load._host import LoopLag, inflated, shared_host, sharing
 from llmspans.load._http import LeanTransport
 from llmspans.load._model import SHAPE_CONCURRENCY
 from llmspans.load._plain import content_of
@@ -222,3 +226,34 @@ def test_content_of_reads_compact_mid_stream_chunks_and_leaves_the_rest_to_the_a
         {"id": "c", "choices": [{"index": 0, "text": "t", "finish_reason": None}]}, separators=(",", ":")
     )
     assert content_of(legacy) is True
+
+
+async def test_the_loop_lag_monitor_sees_a_blocked_loop_and_inflated_weighs_it_against_the_ttft() -> None:
+    lag = LoopLag()
+    lag.start()
+    await asyncio.sleep(0.03)
+    time.sleep(0.05)  # noqa: ASYNC251  (the generator's own work, holding the loop)
+    await asyncio.sleep(0.02)
+    samples = await lag.stop()
+    assert max(samples) >= 40_000_000
+    assert inflated(0.002, 0.015)  # 2 ms late against a 15 ms TTFT: the zero-delay simulator's case
+    assert not inflated(0.0004, 0.150)  # under 0.5 ms against 150 ms: the real vLLM's
+    assert not inflated(0.003, 0.150)  # 2% of the TTFT
+    assert not inflated(None, 0.1)
+
+
+def test_a_target_on_this_machine_is_named_with_the_cpus_it_shares_and_a_remote_one_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with SimulatedServer() as server:
+        host = shared_host(server.base_url)
+        assert host is not None
+        assert host.pid == os.getpid()  # the process listening on the port
+        assert host.shared_cpus == frozenset(os.sched_getaffinity(0))
+        assert sharing(host, cpu_s=0.5, duration_s=2.0) == 0.25
+        assert sharing(host, cpu_s=0.1, duration_s=2.0) is None  # 5% of a CPU: under the threshold
+        # Pinned apart: the server's CPUs and the generator's do not meet.
+        monkeypatch.setattr(_host, "_affinity", lambda pid: frozenset({0}) if pid == 0 else frozenset({1}))
+        assert shared_host(server.base_url) is None
+    assert shared_host("http://192.0.2.1:8000/v1") is None  # TEST-NET: not this machine
+    assert sharing(None, cpu_s=1.0, duration_s=1.0) is None

@@ -116,6 +116,7 @@ class PartDone:
     records: list[RequestRecord]  # those not sent before
     spans: list[Span]
     cpu_s: float  # the worker's CPU time over its part, its exporter's thread included
+    loop_lag_ns: list[int] = field(default_factory=list)  # how late its event loop woke (`_host.LoopLag`)
 
 
 @dataclass(frozen=True)
