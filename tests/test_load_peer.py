@@ -52,7 +52,9 @@ def test_llmspans_load_and_vllm_bench_serve_agree_on_the_real_vllm(tmp_path: Pat
                "progress": False}  # fmt: skip
         comparison = peer.compare(target, install.vllm_python, prompts, rounds=ROUNDS, **run)  # type: ignore[attr-defined]
         rounds = ROUNDS
-        while rounds < MAX_ROUNDS and not all(comparison.agree(label)[0] for label in ("TTFT p50", "requests/s")):
+        while rounds < MAX_ROUNDS and not all(
+            comparison.agree(label)[0] for label in ("TTFT p50", "requests/s")
+        ):
             more = peer.compare(target, install.vllm_python, prompts, rounds=2, **run)  # type: ignore[attr-defined]
             for tool, figures in more.rounds.items():
                 comparison.rounds[tool] += figures
