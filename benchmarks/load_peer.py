@@ -288,7 +288,18 @@ def real_vllm(cpu: int | None, max_num_seqs: int = 4) -> Iterator[Target]:
     from tests.support.realservers import find_install, vllm_server
 
     install = find_install("vllm")
-    with vllm_server(install, max_num_seqs=max_num_seqs) as server:
+    with contextlib.ExitStack() as stack:
+        pinned = contextlib.ExitStack()
+        if cpu is not None:
+            # Started on its CPU, not moved there: vLLM's CPU backend sizes and binds its OpenMP threads to
+            # the CPUs it sees at start; moved afterwards, two threads would share one CPU and spin.
+            previous = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {cpu})  # this thread's; the server's processes inherit it
+            pinned.callback(os.sched_setaffinity, 0, previous)
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
+            pinned.callback(os.environ.pop, "VLLM_CPU_OMP_THREADS_BIND", None)
+        with pinned:  # the affinity and environment back once it started; the server runs on
+            server = stack.enter_context(vllm_server(install, max_num_seqs=max_num_seqs))
         if cpu is not None:
             pin_process_group(server.pid, cpu)
         yield Target(f"vLLM 0.32, max-num-seqs {max_num_seqs}", server.base_url, server.model,

@@ -5,15 +5,14 @@ Server pinned to one CPU, each client to the other, the same 32 prompts of 100 w
 the rounds' own spread (`Comparison.agree`: the medians' difference at most the two tools' ranges added):
 the machine's noise sets the tolerance, so it holds on a busy machine and still catches a tool that is
 off by more than that noise. Rounds are added (up to `MAX_ROUNDS`) while the tools disagree, so three
-lucky-tight rounds do not fail a sound tool. CPU per request is the robust figure: llmspans load's must
-be within 2x of vllm bench serve's.
+lucky-tight rounds do not fail a sound tool. (CPU per request is compared against the zero-delay
+simulator, where the clients are all there is: `python benchmarks/load_peer.py --targets sim`.)
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3
 MAX_ROUNDS = 5
 REQUESTS = 64
-CPU_RATIO_MAX = 2.0
 
 
 def _peer() -> object:
@@ -65,6 +63,4 @@ def test_llmspans_load_and_vllm_bench_serve_agree_on_the_real_vllm(tmp_path: Pat
     for label in ("TTFT p50", "requests/s"):
         agree, difference, tolerance = comparison.agree(label)
         assert agree, f"{label}: medians {difference:.2f} apart, the rounds' spread {tolerance:.2f}\n{table}"
-    cpu = [statistics.median(comparison.values(tool, "CPU ms/request")) for tool in comparison.rounds]
-    assert cpu[1] <= CPU_RATIO_MAX * cpu[0], table
     print(f"\n{rounds} rounds, load average {os.getloadavg()[0]:.1f}\n{table}")
