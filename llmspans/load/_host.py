@@ -21,8 +21,8 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-# The monitor asks to wake this often (50 wake-ups a second: about 0.1% of a core).
-LAG_EVERY_S = 0.02
+# The monitor asks to wake this often (20 wake-ups a second: about 0.2% of a CPU on this busy machine).
+LAG_EVERY_S = 0.05
 # A level's latencies are inflated by the generator when its loop's median lateness is at least this share
 # of the level's median TTFT and at least `INFLATED_MIN_S`: at 8 concurrent against a zero-delay server the
 # loop was late by 2-10 ms against TTFTs of 5-15 ms (`vllm bench serve`: 5.8 ms); against vLLM on the tiny
