@@ -267,3 +267,24 @@ def test_a_target_on_this_machine_is_named_with_the_cpus_it_shares_and_a_remote_
         assert shared_host(server.base_url) is None
     assert shared_host("http://192.0.2.1:8000/v1") is None  # TEST-NET: not this machine
     assert sharing(None, cpu_s=1.0, duration_s=1.0) is None
+
+
+def test_a_level_carries_the_shared_host_and_the_inflated_latencies_in_its_figures() -> None:
+    from llmspans.load._model import Level
+    from llmspans.load._requests import RequestRecord
+    from llmspans.load._stats import level_stats
+
+    record = RequestRecord(
+        index=0, level="c=1", issued_ns=1, done_ns=2, recorded=True, first_token_ns=10_000_000
+    )
+    host = _host.SharedHost(pid=123, shared_cpus=frozenset({0}), generator_cpus=frozenset({0, 1}))
+    level = Level(SHAPE_CONCURRENCY, 1)
+    stats = level_stats(level, [record], duration_s=1.0, slo={}, generator_cpu_s=0.3, host=host,
+                        loop_lag_ns=[2_000_000] * 9)  # fmt: skip
+    assert stats.shared_host == "the server (pid 123) and the generator share CPU 0"
+    assert stats.shared_cpu_share == 0.3
+    assert stats.generator_inflated  # 2 ms late against a 10 ms TTFT
+    quiet = level_stats(level, [record], duration_s=1.0, slo={}, generator_cpu_s=0.05, host=host,
+                        loop_lag_ns=[100_000] * 9)  # fmt: skip
+    assert quiet.shared_host is None
+    assert not quiet.generator_inflated
