@@ -164,7 +164,11 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
         help="put an llmspans.Limiter of this cap in front of the calls, as an app would",
     )
     load.add_argument(
-        "--max-retries", type=int, default=2, metavar="N", help="retries per request, as the openai SDK retries (2)"
+        "--max-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="retries per request, as the openai SDK retries (2)",
     )
     load.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per request (60)")
     load.add_argument(
