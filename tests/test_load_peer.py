@@ -1,6 +1,6 @@
 """`llmspans load` and `vllm bench serve` agree on the real vLLM: benchmarks/load_peer.py's rounds, bounded.
 
-Server pinned to one CPU, each client to the other, the same 32 prompts of 100 words, 32 output tokens,
+Server pinned to one CPU, each client to the other, the same 32 prompts of 100 words, 48 requests a round, 32 output tokens,
 8 concurrent against `--max-num-seqs 4`, the tools alternating. TTFT p50 and requests/s must agree within
 the rounds' own spread (`Comparison.agree`: the medians' difference at most the two tools' ranges added):
 the machine's noise sets the tolerance, so it holds on a busy machine and still catches a tool that is
@@ -18,12 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.realservers import find_install
+from tests.support.realservers import VLLM_STARTUP_TIMEOUT, find_install
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3
 MAX_ROUNDS = 5
-REQUESTS = 64
+REQUESTS = 48
+# vLLM's start, then at most MAX_ROUNDS rounds of both tools (48 requests each at 2 requests/s or more,
+# the slowest this busy machine gave, plus each tool's start).
+pytestmark = pytest.mark.timeout(VLLM_STARTUP_TIMEOUT + MAX_ROUNDS * 2 * 60)
 
 
 def _peer() -> object:
