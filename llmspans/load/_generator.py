@@ -1,4 +1,9 @@
-"""One event loop sending a level's requests through one instrumented `openai.AsyncOpenAI`.
+"""One event loop sending a level's requests through one instrumented client.
+
+The client is a plain `httpx2.AsyncClient` on the load tool's lean transport (`_plain.py`, `_http.py`) by
+default, or the openai SDK's `openai.AsyncOpenAI` (`client="openai"`, about 7x the CPU per streamed
+request: docs/load.md, "What the generator costs"); either way llmspans instruments it as an app's, and
+each request records its call span (buckets, attempts, `llmspans.load.level`).
 
 The runner drives a generator in its own process (one worker), and each worker process drives its own
 (`_worker.py`); either way the same code sends the requests, so a request records the same call span
@@ -18,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
+import random
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +33,7 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 
 import llmspans
-from llmspans import _deferred, _suppress
+from llmspans import _deferred, _retries, _suppress
 from llmspans.load._model import Level
 from llmspans.load._requests import CURRENT, LevelStamper, RequestRecord
 from llmspans.load._workload import Workload
@@ -39,6 +46,12 @@ SETTLE_S = 2.0
 NO_FULL_COLLECTION = 2**31 - 1
 # While a level issues, another thread of the process (the exporter's) hands the GIL back after this long.
 SWITCH_INTERVAL_S = 0.0005
+CLIENTS = ("httpx", "openai")
+# The plain client retries as the openai SDK does: these back-offs (doubling, with jitter), or retry-after.
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 8.0
+_RETRY_HEADER = _retries.RETRY_COUNT_HEADER.encode()
+_PATHS = {"chat": "chat/completions", "completions": "completions", "responses": "responses"}
 
 
 class LoadError(Exception):
@@ -61,7 +74,11 @@ class Generator:
         server_metrics: ServerMetrics | None = None,
         max_retries: int = 2,
         timeout: float = 60.0,
+        client: str = "httpx",
     ) -> None:
+        if client not in CLIENTS:
+            raise ValueError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
+        self.client = client
         self.workload = workload
         self.base_url = base_url
         self.api_key = api_key
@@ -79,10 +96,29 @@ class Generator:
     async def start(self) -> None:
         """The client, and one warm-up request no span records: the SDK's one-off set-up is not in the
         first level, and a target that does not answer is said (LoadError) before any level starts."""
+        if self.client == "httpx":
+            self._start_plain()
+        else:
+            self._start_openai()
+        with _suppress.suppressing():
+            try:
+                if self.client == "httpx":
+                    await self._send(RequestRecord(index=0, level=""), self.body(0))
+                else:
+                    response = await self._create(**self.workload.request(0))
+                    if self.workload.stream:
+                        async for _ in response:
+                            pass
+            except Exception as error:
+                raise LoadError(
+                    f"the warm-up request to {self.base_url} failed: {error_name(error)}: {error}"
+                ) from None
+
+    def _start_openai(self) -> None:
         try:
             import openai
         except ImportError as error:
-            raise LoadError("llmspans load needs the openai SDK: pip install 'llmspans[openai]'") from error
+            raise LoadError("--client openai needs the openai SDK: pip install 'llmspans[openai]'") from error
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url, api_key=self.api_key, max_retries=self.max_retries, timeout=self.timeout
         )
@@ -91,21 +127,94 @@ class Generator:
             server_metrics=self.server_metrics or False,
         )  # fmt: skip
         self._create = _creator(self._client, self.workload.endpoint)
-        with _suppress.suppressing():
+
+    def _start_plain(self) -> None:
+        import httpx2
+
+        from llmspans.load._http import LeanTransport
+        from llmspans.load._plain import LoadCalls
+
+        self._client = httpx2.AsyncClient(
+            base_url=self.base_url.rstrip("/") + "/", transport=LeanTransport(self.timeout),
+            headers={"authorization": f"Bearer {self.api_key}", "content-type": "application/json"},
+            timeout=self.timeout,
+        )  # fmt: skip
+        llmspans.instrument(
+            self._client,
+            provider=self.provider,
+            limiter=self.limiter,
+            server_metrics=self.server_metrics or False,
+        )
+        transport = self._client._transport
+        opener = getattr(transport, "_plain", None)
+        if opener is not None:  # the adapter's opener, with the load tool's stream observer
+            transport._plain = LoadCalls(opener.settings)
+        self._url = httpx2.URL(self.base_url.rstrip("/") + "/" + _PATHS[self.workload.endpoint])
+        self._headers = [(name.encode(), value.encode()) for name, value in self._client.headers.items()]
+
+    def body(self, index: int) -> bytes:
+        """Request `index`'s JSON body for the plain client (usage asked for when streamed, as the SDK
+        path asks), encoded once before it is due."""
+        arguments = self.workload.request(index)
+        if self.workload.stream and self.workload.endpoint != "responses":
+            arguments["stream_options"] = {"include_usage": True}
+        return json.dumps(arguments, separators=(",", ":")).encode()
+
+    def arguments(self, index: int) -> Any:
+        """What `_one` sends for request `index`: the plain client's body, or the SDK's keyword arguments."""
+        return self.body(index) if self.client == "httpx" else self.workload.request(index)
+
+    async def _send(self, record: RequestRecord, body: bytes) -> None:
+        """One request on the plain client, retried as the openai SDK retries (the same header, so llmspans
+        groups the attempts into one call); the body is read to its end, its observer stamping chunks."""
+        import httpx2
+
+        client, url = self._client, self._url
+        attempt = 0
+        while True:
+            # The request built whole here: the client's own build_request merges and parses its URL again.
+            headers = [*self._headers, (_RETRY_HEADER, str(attempt).encode())]
+            last = attempt >= self.max_retries
             try:
-                response = await self._create(**self.workload.request(0))
-                if self.workload.stream:
-                    async for _ in response:
-                        pass
+                response = await client.send(
+                    httpx2.Request("POST", url, headers=headers, content=body), stream=True
+                )
             except Exception as error:
-                raise LoadError(
-                    f"the warm-up request to {self.base_url} failed: {error_name(error)}: {error}"
-                ) from None
+                if last or not _transport_retried(error):
+                    _give_up_held()
+                    raise
+                await asyncio.sleep(_backoff(attempt, None))
+                attempt += 1
+                continue
+            try:
+                status = response.status_code
+                if status >= 400:
+                    await response.aread()
+                    if last or not _retries.retried_status(status):
+                        record.error = f"HTTP {status}"
+                        return
+                    wait = _backoff(attempt, _retries.retry_after_seconds(response.headers))
+                elif record.observed or not self.workload.stream:
+                    async for _ in response.aiter_raw():
+                        pass
+                    return
+                else:  # nothing observed the stream (llmspans records nothing): stamp it here
+                    await _stamp_chunks(response, record)
+                    return
+            finally:
+                await response.aclose()
+                if record.error is not None:
+                    _give_up_held()
+            await asyncio.sleep(wait)
+            attempt += 1
 
     async def close(self) -> None:
         self.stamper.shutdown()
         if self._client is not None:
-            await self._client.close()
+            if self.client == "httpx":
+                await self._client.aclose()
+            else:
+                await self._client.close()
 
     async def closed(
         self,
@@ -127,7 +236,7 @@ class Generator:
                     return
                 record = RequestRecord(index=index, level=level.label)
                 records.append(record)
-                await self._one(record, self.workload.request(index))
+                await self._one(record, self.arguments(index))
 
         await asyncio.gather(*(user() for _ in range(users)))
 
@@ -143,7 +252,7 @@ class Generator:
         in_flight: set[asyncio.Task[None]] = set()
         try:
             for index, due in schedule:
-                arguments = self.workload.request(index)  # built before it is due: not the request's lag
+                arguments = self.arguments(index)  # built before it is due: not the request's lag
                 wait = (due - time.perf_counter_ns()) / 1e9
                 if wait > 0:
                     await asyncio.sleep(wait)
@@ -162,12 +271,15 @@ class Generator:
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)
 
-    async def _one(self, record: RequestRecord, arguments: dict[str, Any]) -> None:
+    async def _one(self, record: RequestRecord, arguments: Any) -> None:
         """One request, consumed as an app would; what it measured lands on `record`."""
         token = CURRENT.set(record)
         content = self._content
         try:
             record.issued_ns = time.perf_counter_ns()
+            if self.client == "httpx":
+                await self._send(record, arguments)
+                return
             response = await self._create(**arguments)
             if self.workload.stream:
                 async for item in response:
@@ -235,6 +347,41 @@ def error_name(error: BaseException) -> str:
     if isinstance(status, int):
         return f"HTTP {status}"
     return type(error).__name__
+
+
+def _transport_retried(error: BaseException) -> bool:
+    """The failures the openai SDK retries: a connection lost or refused, a timeout."""
+    import httpx2
+
+    return isinstance(error, httpx2.TransportError)
+
+
+def _backoff(attempt: int, retry_after_s: float | None) -> float:
+    if retry_after_s is not None and 0 <= retry_after_s <= _retries.MAX_RETRY_AFTER_S:
+        return retry_after_s
+    return float(min(RETRY_MAX_S, RETRY_FIRST_S * 2**attempt) * (1 - 0.25 * random.random()))
+
+
+def _give_up_held() -> None:
+    """The last attempt failed: its call ends now, not after the wait for a retry that will not come."""
+    held = _retries._held.get()
+    if held is not None:
+        _retries._held.set(None)
+        held._give_up()
+
+
+async def _stamp_chunks(response: Any, record: RequestRecord) -> None:
+    """A stream no observer watched: each content event stamped at the read it came in."""
+    from llmspans.load._plain import content_of
+
+    pending = b""
+    async for piece in response.aiter_raw():
+        now = time.perf_counter_ns()
+        *events, pending = (pending + piece).replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in events:
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:") and content_of(line[5:].strip().decode("utf-8", "replace")):
+                    record.chunk_ns.append(now)
 
 
 def _not_started(**_: Any) -> Any:

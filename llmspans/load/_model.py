@@ -112,6 +112,10 @@ class LevelStats:
     triage: str | None  # and its message
     workers: int = 1  # processes that sent the level's requests (1: the runner's own)
     generator_cpu_s: float | None = None  # CPU the load tool's processes spent over the level
+    loop_lag: Percentiles | None = None  # how late the generator's event loop woke (`_host.LoopLag`)
+    generator_inflated: bool = False  # the loop's lateness is a real share of the TTFT (`_host.inflated`)
+    shared_host: str | None = None  # the target on this machine, on the generator's CPUs: who shares what
+    shared_cpu_share: float | None = None  # the share of a CPU the generator used there, when it mattered
     report: Report | None = field(default=None, compare=False, repr=False)
 
     @property

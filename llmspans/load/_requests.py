@@ -43,6 +43,7 @@ class RequestRecord:
     chunk_ns: list[int] = field(default_factory=list)  # each content chunk's arrival at the runner
     error: str | None = None  # the exception the call raised, by type
     cancelled: bool = False
+    observed: bool = False  # the generator's stream observer stamps `chunk_ns` (the plain client)
     # From the call span:
     recorded: bool = False
     stream: bool = False

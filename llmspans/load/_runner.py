@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import llmspans
 from llmspans.load._generator import Generator, LoadError, on_schedule, until_done
+from llmspans.load._host import LoopLag, SharedHost, shared_host
 from llmspans.load._model import SHAPE_CONCURRENCY, Level, LevelStats
 from llmspans.load._requests import RequestRecord
 from llmspans.load._schedule import Sweep, arrivals
@@ -89,6 +90,7 @@ class Runner:
         workers: int | None = 1,
         export: WorkerExport | None = None,
         notice: Notice | None = None,
+        client: str = "httpx",
     ) -> None:
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError(
@@ -114,16 +116,18 @@ class Runner:
         self.workers = workers
         self.export = export
         self.notice = notice
+        self.client = client
         self.generator = Generator(
             workload, base_url=base_url, tracer_provider=tracer_provider, run_id=self.run_id, api_key=api_key,
             provider=provider, limiter=limiter, server_metrics=server_metrics, max_retries=max_retries,
-            timeout=timeout,
+            timeout=timeout, client=client,
         )  # fmt: skip
         self.stamper = self.generator.stamper
         self._issued = 0
         self._records: dict[str, list[RequestRecord]] = {}
         self._rng = random.Random(workload.seed)
         self._pool: WorkerPool | None = None
+        self.host: SharedHost | None = None  # the target on this machine, sharing the generator's CPUs
 
     def workers_for(self, level: Level, count: int) -> int:
         # A client Limiter is one process's: its cap would apply per worker.
@@ -137,6 +141,7 @@ class Runner:
         sampler = LevelSampler(self.server_metrics) if self.server_metrics is not None else None
         levels: list[LevelStats] = []
         try:
+            self.host = shared_host(self.base_url)
             await self.generator.start()
             if self.server_metrics is not None and not self.server_metrics.wait_for_sample(2.0):
                 notes.append(f"vLLM's /metrics at {self.server_metrics.metrics_url} could not be read")
@@ -187,6 +192,8 @@ class Runner:
         indices = range(self._issued, self._issued + count)
         async with self._watching(level, records, count, sampler) as started:
             cpu = time.process_time()
+            lag = LoopLag()
+            lag.start()
             with on_schedule():
                 if level.shape == SHAPE_CONCURRENCY:
                     work = self.generator.closed(
@@ -197,10 +204,13 @@ class Runner:
                     schedule = self._schedule(level, count, start)
                     work = self.generator.open(level, schedule, records, stop, level_deadline)
                 await until_done(work, stop, deadline)
+            loop_lag = await lag.stop()
             cpu = time.process_time() - cpu
         self._issued += len(records)
         spans = self.generator.level_spans(level, records)
-        return self._stats(level, records, spans, sampler, started, workers=1, cpu_s=cpu, planned=count)
+        return self._stats(
+            level, records, spans, sampler, started, workers=1, cpu_s=cpu, planned=count, loop_lag=loop_lag
+        )
 
     async def _level_in_workers(
         self, level: Level, count: int, workers: int, deadline: float, stop: asyncio.Event,
@@ -238,7 +248,18 @@ class Runner:
         records.sort(key=lambda record: record.index)
         self._issued += len(records)
         spans = [span for part in done for span in part.spans]
-        return self._stats(level, records, spans, sampler, started, workers=workers, cpu_s=cpu, planned=count)
+        loop_lag = [sample for part in done for sample in part.loop_lag_ns]
+        return self._stats(
+            level,
+            records,
+            spans,
+            sampler,
+            started,
+            workers=workers,
+            cpu_s=cpu,
+            planned=count,
+            loop_lag=loop_lag,
+        )
 
     def _worker_pool(self) -> WorkerPool:
         if self._pool is None:
@@ -251,6 +272,7 @@ class Runner:
                     provider=self.provider, max_retries=self.max_retries, timeout=self.timeout, run_id=self.run_id,
                     service_name=export.service_name, traces_file=traces_file,
                     vllm_interval=self.server_metrics.interval if self.server_metrics is not None else None,
+                    client=self.client,
                 )  # fmt: skip
 
             self._pool = WorkerPool(setup, export, self.run_id)
@@ -279,7 +301,7 @@ class Runner:
 
     def _stats(
         self, level: Level, records: list[RequestRecord], spans: list[Span], sampler: LevelSampler | None,
-        started: float, *, workers: int, cpu_s: float, planned: int,
+        started: float, *, workers: int, cpu_s: float, planned: int, loop_lag: list[int],
     ) -> LevelStats:  # fmt: skip
         issued = [record.issued_ns for record in records if record.issued_ns]
         done = [record.done_ns for record in records if record.done_ns]
@@ -288,7 +310,7 @@ class Runner:
         server = sampler.level_figures(started) if sampler is not None else None
         stats = level_stats(
             level, records, duration_s=duration_s, slo=self.plan.slo, server=server, report=report,
-            workers=workers, generator_cpu_s=cpu_s,
+            workers=workers, generator_cpu_s=cpu_s, loop_lag_ns=loop_lag, host=self.host,
         )  # fmt: skip
         if self.progress is not None:
             self.progress(level, records, planned, True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from llmspans import _names as names
+from llmspans.load._host import SharedHost, inflated, sharing
 from llmspans.load._model import Level, LevelStats, Percentiles, ServerFigures
 from llmspans.load._requests import RequestRecord
 from llmspans.report._model import Report, part_label
@@ -33,6 +34,8 @@ def level_stats(
     report: Report | None = None,
     workers: int = 1,
     generator_cpu_s: float | None = None,
+    loop_lag_ns: Sequence[int] = (),
+    host: SharedHost | None = None,
 ) -> LevelStats:
     ok = [record for record in records if record.ok and record.recorded]
     errors: dict[str, int] = {}
@@ -58,6 +61,9 @@ def level_stats(
     buckets = {bucket: [record.buckets_ns.get(bucket, 0) / NS for record in ok] for bucket in names.BUCKETS}
     bucket_figures = {bucket: Percentiles.of(values) for bucket, values in buckets.items()}
     triage = report.triage if report is not None else None
+    loop_lag = Percentiles.of([sample / NS for sample in loop_lag_ns])
+    ttft_figures = Percentiles.of(ttft)
+    share = sharing(host, generator_cpu_s, duration_s)
     return LevelStats(
         level=level,
         requests=sum(1 for record in records if record.issued_ns),
@@ -73,7 +79,7 @@ def level_stats(
         tokens_counted_as_chunks=any(record.output_tokens is None for record in ok),
         good=good,
         goodput_per_s=good * per_s if good is not None else None,
-        ttft=Percentiles.of(ttft),
+        ttft=ttft_figures,
         tpot=Percentiles.of(tpot),
         itl=Percentiles.of(itl),
         e2e=Percentiles.of(e2e),
@@ -86,6 +92,12 @@ def level_stats(
         triage=triage.message if triage is not None else None,
         workers=workers,
         generator_cpu_s=generator_cpu_s,
+        loop_lag=loop_lag,
+        generator_inflated=inflated(
+            loop_lag.p50 if loop_lag else None, ttft_figures.p50 if ttft_figures else None
+        ),
+        shared_host=host.words() if host is not None and share is not None else None,
+        shared_cpu_share=share,
         report=report,
     )
 

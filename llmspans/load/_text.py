@@ -144,6 +144,20 @@ def render(result: Result) -> str:
                 f"{stats.level.words}: the load generator was busy {busy:.0%} of the level on "
                 f"{_processes(stats.workers)}: its own time may be in the latencies (--workers N spreads it)"
             )
+        if stats.shared_host is not None and stats.shared_cpu_share is not None:
+            warnings.append(
+                f"{stats.level.words}: the target is on this machine and {stats.shared_host}; the generator "
+                f"used {stats.shared_cpu_share:.0%} of a CPU over the level, CPU the server may not have had: "
+                "its figures may be slower than the server is. Pin them apart (taskset -c) or run the "
+                "generator on another machine"
+            )
+        if stats.generator_inflated and stats.loop_lag is not None and stats.ttft is not None:
+            warnings.append(
+                f"{stats.level.words}: the generator's own work is in these latencies: its event loop woke "
+                f"{seconds(stats.loop_lag.p50)} late at the median ({seconds(stats.loop_lag.p95)} p95) against a "
+                f"TTFT p50 of {seconds(stats.ttft.p50)}: more --workers, a less busy machine, or fewer requests "
+                "per process"
+            )
         if stats.unrecorded:
             warnings.append(
                 f"{stats.level.words}: {stats.unrecorded} successful calls had no span (sampled out?)"

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 import llmspans
 from llmspans import _names as names
 from llmspans.load._generator import Generator, LoadError, on_schedule, until_done
+from llmspans.load._host import LoopLag
 from llmspans.load._requests import RequestRecord
 from llmspans.load._workers import (
     SHIP_EVERY_S,
@@ -65,7 +66,7 @@ class _Worker:
         self.generator = Generator(
             setup.workload, base_url=setup.base_url, tracer_provider=provider, run_id=setup.run_id,
             api_key=setup.api_key, provider=setup.provider, server_metrics=self.server_metrics,
-            max_retries=setup.max_retries, timeout=setup.timeout,
+            max_retries=setup.max_retries, timeout=setup.timeout, client=setup.client,
         )  # fmt: skip
         await self.generator.start()
         gc.collect()
@@ -102,6 +103,8 @@ class _Worker:
 
         until = _monotonic(part.until_ns)
         shipping = asyncio.ensure_future(ship())
+        lag = LoopLag()
+        lag.start()
         try:
             with on_schedule():
                 wait = (part.start_ns - time.perf_counter_ns()) / 1e9
@@ -115,8 +118,9 @@ class _Worker:
         finally:
             shipping.cancel()
             await asyncio.gather(shipping, return_exceptions=True)
+            loop_lag = await lag.stop()
         spans = self.generator.level_spans(part.level, records)
-        self.send(PartDone(ended() + waiting, spans, time.process_time() - cpu))
+        self.send(PartDone(ended() + waiting, spans, time.process_time() - cpu, loop_lag))
         await self.writer.drain()
 
     async def close(self) -> None:

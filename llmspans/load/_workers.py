@@ -73,6 +73,7 @@ class Setup:
     service_name: str | None
     traces_file: str | None  # the worker's own file, with the embedded default; None: OTLP as configured
     vllm_interval: float | None  # --provider vllm: the worker samples /metrics for its own call spans
+    client: str = "httpx"  # the generator's client: "httpx" (plain, lean) or "openai" (the SDK)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class PartDone:
     records: list[RequestRecord]  # those not sent before
     spans: list[Span]
     cpu_s: float  # the worker's CPU time over its part, its exporter's thread included
+    loop_lag_ns: list[int] = field(default_factory=list)  # how late its event loop woke (`_host.LoopLag`)
 
 
 @dataclass(frozen=True)
