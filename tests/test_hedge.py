@@ -23,8 +23,9 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 import llmspans
-from llmspans import _hedge, _prompt, _suppress
 from llmspans import _names as names
+from llmspans import _prompt, _suppress
+from llmspans._hedge import policy as _hedge
 from llmspans.testing import Captured, settle
 from llmspans.tools.simulator import Behavior, RecordedRequest, SimulatedServer
 from tests.timing import retry_timing
@@ -56,7 +57,7 @@ FAST = Behavior(chunks=3, usage="finish")
 
 def ask(
     kind: str, url: str, *, stream: bool, after: Any = AFTER, backup_url: str | None = None,
-    limiter: llmspans.Limiter | None = None, max_retries: int = 0, **body: Any,
+    limiter: llmspans.Limiter | None = None, max_retries: int = 0, attempt_spans: str | None = None, **body: Any,
 ) -> Answer:  # fmt: skip
     """One call through a freshly made hedged client of `kind`, read to its end."""
     request = {"model": "sim-model", "messages": MESSAGES, "stream": stream, **body}
@@ -68,7 +69,7 @@ def ask(
         )
         client = llmspans.instrument(
             openai.OpenAI(base_url=url, api_key="k", max_retries=max_retries),
-            hedge=llmspans.Hedge(after=after, backup=backup), limiter=limiter,
+            hedge=llmspans.Hedge(after=after, backup=backup), limiter=limiter, attempt_spans=attempt_spans,
         )  # fmt: skip
         with client:
             result = client.chat.completions.create(**request)
@@ -85,7 +86,7 @@ def ask(
         )
         client = llmspans.instrument(
             openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=max_retries),
-            hedge=llmspans.Hedge(after=after, backup=backup), limiter=limiter,
+            hedge=llmspans.Hedge(after=after, backup=backup), limiter=limiter, attempt_spans=attempt_spans,
         )  # fmt: skip
         async with client:
             result = await client.chat.completions.create(**request)
@@ -164,12 +165,13 @@ def counter(captured: Captured, name: str, **attributes: Any) -> float:
 # --- firing, and which copy wins -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("spans", [None, "always"])
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_no_backup_is_sent_when_the_primary_answers_within_after(
-    kind: str, stream: bool, server: SimulatedServer, captured: Captured
+    kind: str, stream: bool, spans: str | None, server: SimulatedServer, captured: Captured
 ) -> None:
-    answer = ask(kind, server.base_url, stream=stream, after=2.0)
+    answer = ask(kind, server.base_url, stream=stream, after=2.0, attempt_spans=spans)
     assert len(requests_of(server)) == 1
     assert answer.id.endswith("sim1")
     call = call_span(captured).attributes or {}
@@ -177,9 +179,16 @@ def test_no_backup_is_sent_when_the_primary_answers_within_after(
     assert call[names.HEDGE_AFTER] == 2.0
     assert names.HEDGE_WON_BY not in call
     assert names.HEDGE_WASTED_INPUT_TOKENS not in call
-    primary = attempt_spans(captured)[names.HEDGE_ROLE_PRIMARY].attributes or {}
-    assert primary[names.HEDGE_WON] is True
-    assert primary[names.HEDGE_FIRST_TOKEN] > 0
+    if spans is None:
+        # An unfired hedge costs no span: its only copy is the call's only attempt, whose HTTP facts are
+        # on the call span, as they are without a hedge.
+        assert attempt_spans(captured) == {}
+        assert [s.name for s in captured.spans] == ["chat sim-model"]
+        assert call[names.HTTP_RESPONSE_STATUS_CODE] == 200
+    else:  # every attempt has its span, the primary's with what it did
+        primary = attempt_spans(captured)[names.HEDGE_ROLE_PRIMARY].attributes or {}
+        assert primary[names.HEDGE_WON] is True
+        assert primary[names.HEDGE_FIRST_TOKEN] > 0
     assert not [e for e in call_span(captured).events if e.name == names.EVENT_HEDGE]
     assert counter(captured, names.METRIC_HEDGE_FIRED) == 0
 
