@@ -816,3 +816,103 @@ def test_a_call_of_a_client_without_a_hedge_carries_no_hedge_attribute(
         asyncio.run(run())
     assert not [key for key in call_span(captured).attributes or {} if key.startswith("llmspans.hedge.")]
     assert [s.name for s in captured.spans] == ["chat sim-model"]  # no attempt span either
+
+
+# --- what an unfired hedge holds, a tie, a backup that could not leave ------------------------------------
+
+
+def test_decided_sync_races_leave_the_alarm_heap_at_once(server: SimulatedServer, captured: Captured) -> None:
+    """A race decided long before its alarm (`after` 30 s) lets go of it at once: the heap holds what is armed
+    now, however many calls were decided within `after` (rate x after); no race is kept alive by it."""
+    from llmspans._hedge.alarms import alarms
+
+    client = llmspans.instrument(
+        openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0), hedge=llmspans.Hedge(after=30)
+    )
+    before = len(alarms)
+    with client:
+        for _ in range(300):
+            client.chat.completions.create(model="sim-model", messages=MESSAGES)
+        assert len(alarms) - before <= 70  # dead entries are swept once they outnumber the live ones by 64
+        live = [entry for entry in alarms._due if entry.race is not None]
+        assert live == []
+    assert len(requests_of(server)) == 300  # none was sent twice
+
+
+class _HoldFirst(httpx.BaseTransport):
+    """Reads each response whole; the first request's (the primary's) is handed on only once the second's
+    (the backup's) was, and the backup has had time to claim the call: a tie the backup wins, the primary's
+    whole answer already in."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.lock = threading.Lock()
+        self.count = 0
+        self.second_returned = threading.Event()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            self.count += 1
+            first = self.count == 1
+        response = self.inner.handle_request(request)
+        response.read()
+        if first:
+            assert self.second_returned.wait(10)
+            time.sleep(0.5)  # the backup's claim happens as its response is handed on: microseconds
+        else:
+            self.second_returned.set()
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_non_streamed_loser_in_a_tie_has_its_usage_read(
+    server: SimulatedServer, captured: Captured
+) -> None:
+    transport = _HoldFirst()
+    client = llmspans.instrument(
+        openai.OpenAI(
+            base_url=server.base_url,
+            api_key="k",
+            max_retries=0,
+            http_client=httpx.Client(transport=transport),
+        ),
+        hedge=llmspans.Hedge(after=AFTER),
+    )
+    with client:
+        result = client.chat.completions.create(model="sim-model", messages=MESSAGES)
+    assert result.id.endswith("sim2")  # the backup's answer
+    assert result.usage is not None
+    assert result.usage.completion_tokens > 0
+    call = call_span(captured).attributes or {}
+    assert call[names.HEDGE_WON_BY] == names.HEDGE_ROLE_BACKUP
+    # The primary's whole answer came (the same server, the same reply): its output was wasted, all of it.
+    assert call[names.HEDGE_WASTED_OUTPUT_TOKENS] == result.usage.completion_tokens
+    assert call[names.HEDGE_WASTED_INPUT_TOKENS] == result.usage.prompt_tokens
+    assert counter(captured, names.METRIC_HEDGE_WASTED_TOKENS, **{names.GEN_AI_TOKEN_TYPE: "output"}) == (
+        result.usage.completion_tokens
+    )
+
+
+def test_the_fired_metric_counts_only_a_backup_that_left(
+    server: SimulatedServer, captured: Captured, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread to be had for the backup: the primary answers alone, and nothing says a hedge fired."""
+    start = threading.Thread.start
+
+    def refuse(thread: threading.Thread) -> None:
+        if thread.name == "llmspans-hedge-backup":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    server.enqueue(slow(False, 0.4))
+    answer = ask("sync", server.base_url, stream=False)
+    assert answer.id.endswith("sim1")
+    assert len(requests_of(server)) == 1
+    span = call_span(captured)
+    assert (span.attributes or {})[names.HEDGE_FIRED] is False
+    assert not [e for e in span.events if e.name == names.EVENT_HEDGE]
+    assert attempt_spans(captured) == {}  # the primary's span is made only for a backup that left
+    assert counter(captured, names.METRIC_HEDGE_FIRED) == 0
