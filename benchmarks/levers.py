@@ -253,7 +253,11 @@ def _simulator(*arguments: str) -> tuple[Any, str]:
 
 
 def hedge_costs(
-    quick: bool, calls: int = 200, blocks: int = 21, meter: Callable[[Callable[[], Any]], float] | None = None
+    quick: bool,
+    calls: int = 200,
+    blocks: int = 21,
+    meter: Callable[[Callable[[], Any]], float] | None = None,
+    only: str = "",
 ) -> list[tuple[str, float, float]]:
     """(what, median added CPU µs per call or per chunk, interquartile range) of a hedged client against a
     client without a hedge, over loopback; with `meter` (`floor.Instructions.measure`), what it measures
@@ -344,6 +348,8 @@ def hedge_costs(
         }  # fmt: skip
         rows = []
         for what, (with_hedge, without, per) in arms.items():
+            if only not in what:
+                continue
             with_hedge()
             without()  # warm
             added = []
@@ -383,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
         "--instructions", action="store_true",
         help="the hedge's cost in instructions, under valgrind's callgrind (floor.py's shim; implies --hedge-only)",
     )  # fmt: skip
+    parser.add_argument(
+        "--only", default="", help="only the hedge rows whose name holds this, e.g. 'not fired'"
+    )
     parser.add_argument("--shim", help=argparse.SUPPRESS)
     parser.add_argument("--out-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -424,7 +433,7 @@ def _print_hedge_costs(args: argparse.Namespace) -> None:
             "\nAdded CPU of a hedged client over one without a hedge, over loopback, median of paired blocks (IQR):"
         )
     unit = "instructions" if args.instructions else "µs"
-    for what, median, spread in hedge_costs(args.quick, args.calls, args.blocks, meter):
+    for what, median, spread in hedge_costs(args.quick, args.calls, args.blocks, meter, args.only):
         per = "per chunk" if "per chunk" in what else "per call"
         print(f"  {what:<40} {median:>10.2f} {unit} {per}  (IQR {spread:.2f})", flush=True)
 
@@ -446,7 +455,8 @@ def _under_callgrind(args: argparse.Namespace) -> int:
         command = [
             "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_file}",
             sys.executable, __file__, "--instructions", "--shim", str(shim), "--out-file", out_file,
-            "--calls", str(args.calls), "--blocks", str(args.blocks), *(["--quick"] if args.quick else []),
+            "--calls", str(args.calls), "--blocks", str(args.blocks), "--only", args.only,
+            *(["--quick"] if args.quick else []),
         ]  # fmt: skip
         return subprocess.run(command, check=False, stderr=subprocess.DEVNULL).returncode
 

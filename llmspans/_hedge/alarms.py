@@ -50,6 +50,7 @@ class Alarms:
         self._live = 0
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        self._waking_at: int | None = None  # when the thread wakes by itself (None: only when told)
 
     def __len__(self) -> int:
         """Entries in the heap, dead or alive (what a test of its memory reads)."""
@@ -64,7 +65,8 @@ class Alarms:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="llmspans-hedge", daemon=True)
                 self._thread.start()
-            if due[0] is alarm:
+            waking_at = self._waking_at
+            if waking_at is None or at_ns < waking_at:  # else it wakes in time by itself: no switch per call
                 self._wake.notify()
         return alarm
 
@@ -85,6 +87,7 @@ class Alarms:
                 while True:
                     due = self._due
                     if not due:
+                        self._waking_at = None
                         self._wake.wait()
                         continue
                     head = due[0]
@@ -97,6 +100,7 @@ class Alarms:
                         race, head.race = head.race, None
                         self._live -= 1
                         break
+                    self._waking_at = head.at_ns
                     self._wake.wait(wait_ns / 1e9)
             try:
                 race.fire_sync()
@@ -111,6 +115,7 @@ class Alarms:
         self._due = []
         self._live = 0
         self._thread = None
+        self._waking_at = None
 
 
 alarms = Alarms()
