@@ -45,7 +45,8 @@ class Alarms:
     armed now, not `rate x after` of decided calls."""
 
     def __init__(self) -> None:
-        self._wake = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._due: list[Alarm] = []
         self._live = 0
         self._order = itertools.count()
@@ -58,7 +59,7 @@ class Alarms:
 
     def schedule(self, at_ns: int, race: Alarmed) -> Alarm:
         alarm = Alarm(at_ns, next(self._order), race)
-        with self._wake:
+        with self._lock:
             due = self._due
             heapq.heappush(due, alarm)
             self._live += 1
@@ -71,7 +72,7 @@ class Alarms:
         return alarm
 
     def cancelled(self, alarm: Alarm) -> None:
-        with self._wake:
+        with self._lock:
             if alarm.race is None:
                 return
             alarm.race = None
@@ -83,7 +84,7 @@ class Alarms:
 
     def _run(self) -> None:
         while True:
-            with self._wake:
+            with self._lock:
                 while True:
                     due = self._due
                     if not due:
@@ -111,7 +112,8 @@ class Alarms:
 
     def forget(self) -> None:
         """At fork: the child has no alarm thread; its next sync hedged call starts one."""
-        self._wake = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._due = []
         self._live = 0
         self._thread = None

@@ -109,6 +109,29 @@ class HedgeCopy(CallRecord):
     or task, once, and never after it won.
     """
 
+    # What a copy starts with (class defaults: a primary is made on every hedged call).
+    cancelled = False
+    launched_ns = 0
+    reached_ns: int | None = None  # its first content chunk (a stream) or 2xx headers
+    first_token_s: float | None = None
+    content_seen = 0  # content chunks read before it was stopped
+    reported_input: int | None = None
+    reported_output: int | None = None
+    release: Callable[[], None] | None = None  # gives back the limiter slot it holds, if any
+    wasted: tuple[int, int | None] | None = None  # (output, input) it had when it lost
+    # A sync copy: the thread it runs in; its latest request, followed through httpcore's trace events once
+    # it may have to be stopped (`watching`: a backup, or a primary whose backup was sent); whether that
+    # request holds its connection (from its headers' sending to its response's close), and the
+    # connection's stream once its response came.
+    thread = 0
+    request: Any = None
+    watching = False
+    sending = False
+    network_stream: Any = None
+    # An async copy: the backup's task, or the caller's while it runs the primary (`running`).
+    task: asyncio.Task[Any] | None = None
+    running = False
+
     def __init__(self, race: Contest, role: str) -> None:  # CallRecord's own set-up is the call's, not ours
         call = race.call
         self.race = race
@@ -127,23 +150,8 @@ class HedgeCopy(CallRecord):
         if not self.stream:
             self.body_observer = _CopyWatch(self)
         self.lock = threading.Lock()
-        self.cancelled = False
-        self.launched_ns = 0
-        self.reached_ns: int | None = None  # its first content chunk (a stream) or 2xx headers
-        self.first_token_s: float | None = None
-        self.content_seen = 0  # content chunks read before it was stopped
-        self.reported_input: int | None = None
-        self.reported_output: int | None = None
-        self.release: Callable[[], None] | None = None  # gives back the limiter slot it holds, if any
-        self.wasted: tuple[int, int | None] | None = None  # (output, input) it had when it lost
-        # A sync copy: the thread it runs in, whether a request of it holds a connection (between its
-        # headers' sending and its response's close) and that connection's stream once its response came.
-        self.thread = 0
-        self.sending = False
-        self.network_stream: Any = None
-        # An async copy: the backup's task, or the caller's while it runs the primary (`running`).
-        self.task: asyncio.Task[Any] | None = None
-        self.running = False
+        if role != names.HEDGE_ROLE_PRIMARY:
+            self.watching = True
 
     # --- what the transport calls ---
 
@@ -193,6 +201,28 @@ class HedgeCopy(CallRecord):
             task.cancel()
 
     # --- a sync copy's requests (see `openai_glue.watch_requests`) ---
+
+    def prepared(self, request: Any) -> None:
+        """A request of this sync copy was built (`openai_glue.watch_requests`): followed if it may have to
+        be stopped, else only kept, to be followed from when it may (`watch_now`)."""
+        with self.lock:
+            watching = self.watching
+            if not watching:
+                self.request = request
+        if watching:
+            self.watch(request)
+
+    def watch_now(self) -> None:
+        """This copy may have to be stopped from now on (its backup was sent): its requests are followed,
+        the one under way too, taken as holding its connection (`interrupt` looks for it only in the
+        frames of a thread inside an HTTP/1.1 connection)."""
+        with self.lock:
+            self.watching = True
+            request, self.request = self.request, None
+            if request is not None:
+                self.sending = True
+        if request is not None:
+            self.watch(request)
 
     def watch(self, request: Any) -> None:
         """Follow one request of this copy through httpcore's trace events: while it holds its HTTP/1.1
@@ -249,7 +279,7 @@ class HedgeCopy(CallRecord):
             extensions = stream.response.extensions
             if extensions.get("http_version", b"HTTP/1.1") in (b"HTTP/1.1", b"HTTP/1.0"):
                 with self.lock:
-                    if self.sending:
+                    if self.sending or not self.watching:  # unwatched: what it is, should it need stopping
                         self.network_stream = extensions.get("network_stream")
 
     async def read_ahead_async(self, stream: Any) -> ReadAhead:

@@ -122,7 +122,7 @@ def watch_requests(client: Any) -> None:
         original(request)
         copy = _transport.active_call.get()
         if type(copy) is HedgeCopy:
-            copy.watch(request)
+            copy.prepared(request)
 
     client._prepare_request = prepare
 

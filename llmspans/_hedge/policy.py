@@ -30,10 +30,11 @@ class Hedge:
     client of the same kind (sync or async; instrumented or not), or None for the same client.
     """
 
-    __slots__ = ("_after_ns", "_lock", "_quantile", "_windows", "after", "backup")
+    __slots__ = ("_after_ns", "_lock", "_quantile", "_windows", "after", "backup", "learns")
 
     def __init__(self, after: float | str = "p95", backup: Any = None) -> None:
         after_s, self._quantile = _parse_after(after)
+        self.learns = self._quantile is not None  # `after` is a percentile of what it observes
         self._after_ns = None if after_s is None else round(after_s * 1e9)
         _check_backup(backup)
         self.after = after

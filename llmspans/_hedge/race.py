@@ -100,8 +100,9 @@ class Race:
         if copy is self.backup and copy.release is not None:
             # The call keeps the winner's slot; the primary's goes back once it has stopped.
             self.primary.release, call.on_release, copy.release = call.on_release, copy.release, None
-        with swallow(sites.HEDGE_SPAN):
-            self.hedge.observed(self.model, at_ns - self.started_ns)
+        if self.hedge.learns:
+            with swallow(sites.HEDGE_SPAN):
+                self.hedge.observed(self.model, at_ns - self.started_ns)
         if loser is not None and loser is not copy:
             loser.interrupt()
         return True
@@ -131,8 +132,11 @@ class Race:
             if admission is not None:
                 backup.release = admission.release
         # From now on each attempt of the primary has its span as it runs (the one under way gets its
-        # own at the call's end, with its real start: `_span_primary`).
-        self.primary.attempt_spans_always = True
+        # own at the call's end, with its real start: `_span_primary`), and a sync one may be stopped.
+        primary = self.primary
+        primary.attempt_spans_always = True
+        if not self.is_async:
+            primary.watch_now()
         return backup
 
     def _launched(self, at_ns: int) -> None:
@@ -162,19 +166,22 @@ class Race:
                 release()
 
     def _disarm(self) -> None:
-        with self.lock:
-            self.closed = True
+        if not self.closed:  # else decided, and its alarm let go of already
+            with self.lock:
+                self.closed = True
         alarm = self.alarm
-        if alarm is not None:
+        if alarm is not None and alarm.race is not None:
             alarm.cancel()
 
     # --- sync: the primary in the app's thread, the backup in a thread of its own ---
 
     def run_sync(self) -> Any:
         if self.after_ns is not None:
-            with swallow(sites.HEDGE_FIRE):  # no alarm: the call goes unhedged
+            try:
                 self.context = contextvars.copy_context()
                 self.alarm = alarms.schedule(self.started_ns + self.after_ns, self)
+            except Exception as failure:  # no alarm: the call goes unhedged
+                report(sites.HEDGE_FIRE, failure)
         primary = self.primary
         try:
             result = self._run_copy_sync(primary, self.send)
