@@ -834,7 +834,7 @@ def test_decided_sync_races_leave_the_alarm_heap_at_once(server: SimulatedServer
         for _ in range(300):
             client.chat.completions.create(model="sim-model", messages=MESSAGES)
         assert len(alarms) - before <= 70  # dead entries are swept once they outnumber the live ones by 64
-        live = [entry for entry in alarms._due if entry.race is not None]
+        live = [entry for entry in alarms._due if entry[2].race is not None]
         assert live == []
     assert len(requests_of(server)) == 300  # none was sent twice
 

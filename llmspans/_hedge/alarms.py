@@ -24,15 +24,10 @@ class Alarmed(Protocol):
 class Alarm:
     """One armed alarm: `cancel()` lets go of its race at once (the heap keeps a dead entry of two ints)."""
 
-    __slots__ = ("at_ns", "order", "race")
+    __slots__ = ("race",)
 
-    def __init__(self, at_ns: int, order: int, race: Alarmed) -> None:
-        self.at_ns = at_ns
-        self.order = order
+    def __init__(self, race: Alarmed) -> None:
         self.race: Alarmed | None = race
-
-    def __lt__(self, other: Alarm) -> bool:
-        return (self.at_ns, self.order) < (other.at_ns, other.order)
 
     def cancel(self) -> None:
         alarms.cancelled(self)
@@ -47,7 +42,7 @@ class Alarms:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._due: list[Alarm] = []
+        self._due: list[tuple[int, int, Alarm]] = []  # (due, order, alarm): compared in C
         self._live = 0
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
@@ -58,10 +53,10 @@ class Alarms:
         return len(self._due)
 
     def schedule(self, at_ns: int, race: Alarmed) -> Alarm:
-        alarm = Alarm(at_ns, next(self._order), race)
+        alarm = Alarm(race)
         with self._lock:
             due = self._due
-            heapq.heappush(due, alarm)
+            heapq.heappush(due, (at_ns, next(self._order), alarm))
             self._live += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="llmspans-hedge", daemon=True)
@@ -79,7 +74,7 @@ class Alarms:
             self._live -= 1
             due = self._due
             if len(due) > 2 * self._live + _SLACK:
-                due[:] = [entry for entry in due if entry.race is not None]
+                due[:] = [entry for entry in due if entry[2].race is not None]
                 heapq.heapify(due)
 
     def _run(self) -> None:
@@ -91,17 +86,17 @@ class Alarms:
                         self._waking_at = None
                         self._wake.wait()
                         continue
-                    head = due[0]
+                    at_ns, _, head = due[0]
                     if head.race is None:
                         heapq.heappop(due)
                         continue
-                    wait_ns = head.at_ns - time.perf_counter_ns()
+                    wait_ns = at_ns - time.perf_counter_ns()
                     if wait_ns <= 0:
                         heapq.heappop(due)
                         race, head.race = head.race, None
                         self._live -= 1
                         break
-                    self._waking_at = head.at_ns
+                    self._waking_at = at_ns
                     self._wake.wait(wait_ns / 1e9)
             try:
                 race.fire_sync()

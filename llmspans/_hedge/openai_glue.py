@@ -61,17 +61,9 @@ class Hedging:
         if not eligible(str(getattr(options, "method", "post")), url, body):
             return None
         backup_send = functools.partial(self.backup_request, client, send)
+        is_content = _content_check(url) if call.stream else _whole  # a whole answer is won at its headers
         return Race(
-            self.hedge,
-            call,
-            send,
-            backup_send,
-            limiter,
-            self.is_async,
-            args,
-            kwargs,
-            body,
-            _content_check(url),
+            self.hedge, call, send, backup_send, limiter, self.is_async, args, kwargs, body, is_content
         )
 
     def backup_request(self, client: Any, send: Callable[..., Any]) -> Callable[..., Any]:
@@ -137,6 +129,10 @@ def _content_check(url: str) -> Callable[[Any], bool]:
     if url.rstrip("/").endswith("/chat/completions"):
         return _chat_content
     return _completion_content
+
+
+def _whole(item: Any) -> bool:
+    return True
 
 
 def _chat_content(item: Any) -> bool:

@@ -91,9 +91,9 @@ class Race:
         alarm = self.alarm
         if alarm is not None:  # decided: its alarm leaves the heap now, not when it would have rung
             alarm.cancel()
-        with swallow(sites.HEDGE_SPAN):
-            span = copy.attempts[-1].span if copy.attempts else None
-            if span is not None:
+        span = copy.attempts[-1].span if copy.attempts else None
+        if span is not None:
+            with swallow(sites.HEDGE_SPAN):
                 span.set_attribute(names.HEDGE_WON, True)
         call = self.call
         call.attempts = copy.attempts
