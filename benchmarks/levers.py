@@ -252,9 +252,16 @@ def _simulator(*arguments: str) -> tuple[Any, str]:
     return process, process.stdout.readline().strip()
 
 
-def hedge_costs(quick: bool) -> list[tuple[str, float, float]]:
+def hedge_costs(
+    quick: bool,
+    calls: int = 200,
+    blocks: int = 21,
+    meter: Callable[[Callable[[], Any]], float] | None = None,
+    only: str = "",
+) -> list[tuple[str, float, float]]:
     """(what, median added CPU µs per call or per chunk, interquartile range) of a hedged client against a
-    client without a hedge, over loopback."""
+    client without a hedge, over loopback; with `meter` (`floor.Instructions.measure`), what it measures
+    (instructions) per call or chunk instead."""
     import asyncio
 
     import openai
@@ -278,16 +285,24 @@ def hedge_costs(quick: bool) -> list[tuple[str, float, float]]:
         fires = llmspans.Hedge(after=0.01)
         slow = {"x_sim": {"header_delay": 0.03}}
 
-        def sync_block(client: Any, n: int, stream: bool, body: dict[str, Any] | None = None) -> float:
+        def measured(block: Callable[[], None], n: int) -> float:
+            if meter is not None:
+                return meter(block) / n / 1e6  # shown as "µs": millions of instructions, read as thousands
             started = time.process_time()
-            for _ in range(n):
-                result = client.chat.completions.create(
-                    model=MODEL, messages=messages, stream=stream, extra_body=body
-                )
-                if stream:
-                    for _chunk in result:
-                        pass
+            block()
             return (time.process_time() - started) / n
+
+        def sync_block(client: Any, n: int, stream: bool, body: dict[str, Any] | None = None) -> float:
+            def calls() -> None:
+                for _ in range(n):
+                    result = client.chat.completions.create(
+                        model=MODEL, messages=messages, stream=stream, extra_body=body
+                    )
+                    if stream:
+                        for _chunk in result:
+                            pass
+
+            return measured(calls, n)
 
         loop = asyncio.new_event_loop()
 
@@ -301,11 +316,9 @@ def hedge_costs(quick: bool) -> list[tuple[str, float, float]]:
                         async for _chunk in result:
                             pass
 
-            started = time.process_time()
-            loop.run_until_complete(calls())
-            return (time.process_time() - started) / n
+            return measured(lambda: loop.run_until_complete(calls()), n)
 
-        n, repeats = (10, 3) if quick else (200, 21)
+        n, repeats = (10, 3) if quick else (calls, blocks)
         plain_s, hedged_s = sync(short_url, None), sync(short_url, never)
         fired_s = sync(short_url, fires)
         plain_a, hedged_a = async_(short_url, None), async_(short_url, never)
@@ -335,6 +348,8 @@ def hedge_costs(quick: bool) -> list[tuple[str, float, float]]:
         }  # fmt: skip
         rows = []
         for what, (with_hedge, without, per) in arms.items():
+            if only not in what:
+                continue
             with_hedge()
             without()  # warm
             added = []
@@ -365,8 +380,27 @@ class _Done:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny counts: checks that it runs")
+    parser.add_argument(
+        "--hedge-only", action="store_true", help="only the hedged client against one without"
+    )
+    parser.add_argument("--calls", type=int, default=200, help="calls per hedge block (default 200)")
+    parser.add_argument("--blocks", type=int, default=21, help="paired hedge blocks (default 21)")
+    parser.add_argument(
+        "--instructions", action="store_true",
+        help="the hedge's cost in instructions, under valgrind's callgrind (floor.py's shim; implies --hedge-only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--only", default="", help="only the hedge rows whose name holds this, e.g. 'not fired'"
+    )
+    parser.add_argument("--shim", help=argparse.SUPPRESS)
+    parser.add_argument("--out-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.instructions and args.shim is None:
+        return _under_callgrind(args)
     _providers()
+    if args.hedge_only or args.instructions:
+        _print_hedge_costs(args)
+        return 0
 
     print("The estimate (prompt_pieces + count), median CPU per prompt:")
     print(f"  {'estimator':<28} {'prompt':<18} {'µs':>10} {'tokens':>8}")
@@ -381,13 +415,50 @@ def main(argv: list[str] | None = None) -> int:
     looked_up, staged, bare = lookup_cost(args.quick)
     print(f"\nCPU per cache_lookup block (a hit, priced from a full window): {looked_up:.1f} µs; per "
           f"@llmspans.stage call {staged:.1f} µs; per bare block {bare:.2f} µs (best of 15)")  # fmt: skip
-    print(
-        "\nAdded CPU of a hedged client over one without a hedge, over loopback, median of paired blocks (IQR):"
-    )
-    for what, median, spread in hedge_costs(args.quick):
-        unit = "µs per chunk" if "per chunk" in what else "µs per call"
-        print(f"  {what:<40} {median:>8.2f} {unit}  (IQR {spread:.2f})")
+    _print_hedge_costs(args)
     return 0
+
+
+def _print_hedge_costs(args: argparse.Namespace) -> None:
+    meter = None
+    if args.instructions:
+        import floor
+
+        meter = floor.Instructions(args.shim, args.out_file).measure
+        print(
+            "\nAdded instructions of a hedged client over one without a hedge (every thread), median of paired blocks:"
+        )
+    else:
+        print(
+            "\nAdded CPU of a hedged client over one without a hedge, over loopback, median of paired blocks (IQR):"
+        )
+    unit = "instructions" if args.instructions else "µs"
+    for what, median, spread in hedge_costs(args.quick, args.calls, args.blocks, meter, args.only):
+        per = "per chunk" if "per chunk" in what else "per call"
+        print(f"  {what:<40} {median:>10.2f} {unit} {per}  (IQR {spread:.2f})", flush=True)
+
+
+def _under_callgrind(args: argparse.Namespace) -> int:
+    """Run the hedge's blocks again in a child under callgrind, instructions counted inside each block only."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    import floor
+
+    if shutil.which("valgrind") is None or not Path("/usr/include/valgrind/callgrind.h").exists():
+        print("--instructions needs valgrind and its headers (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="llmspans-levers-") as tmp:
+        shim = floor._build_shim(Path(tmp))
+        out_file = str(Path(tmp) / "levers.callgrind")
+        command = [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_file}",
+            sys.executable, __file__, "--instructions", "--shim", str(shim), "--out-file", out_file,
+            "--calls", str(args.calls), "--blocks", str(args.blocks), "--only", args.only,
+            *(["--quick"] if args.quick else []),
+        ]  # fmt: skip
+        return subprocess.run(command, check=False, stderr=subprocess.DEVNULL).returncode
 
 
 if __name__ == "__main__":

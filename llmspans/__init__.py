@@ -5,7 +5,7 @@ The whole public API is here; everything else in the package is private.
 
 from llmspans._budget import BudgetExceeded
 from llmspans._cache import CacheLookup, cache, cache_lookup
-from llmspans._hedge import Hedge
+from llmspans._hedge.policy import Hedge
 from llmspans._instrument import instrument, instrument_all, uninstrument, uninstrument_all
 from llmspans._limiter import Admission, Limiter, LimiterStats, LimiterTimeout
 from llmspans._prompt import PromptTooLarge

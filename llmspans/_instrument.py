@@ -5,8 +5,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from llmspans import _budget, _classes, _content, _hedge, _phases, _prompt
+from llmspans import _budget, _classes, _content, _phases, _prompt
 from llmspans._adapters import Adapter, openai_sdk, plain_http
+from llmspans._hedge.openai_glue import Hedging
+from llmspans._hedge.policy import Hedge, check_client
+from llmspans._hedge.policy import check as check_hedge
 from llmspans._limiter import Limiter
 from llmspans._settings import Settings, check_attempt_spans
 
@@ -58,7 +61,7 @@ def instrument(
     max_prompt_tokens: int | None = None,
     on_exceed: str | None = None,
     prompt_tokenizer: str | None = None,
-    hedge: _hedge.Hedge | None = None,
+    hedge: Hedge | None = None,
 ) -> C:
     """Instrument an LLM client in place and return it: `client = llmspans.instrument(OpenAI())`.
 
@@ -91,7 +94,7 @@ def instrument(
         if not any(adapter.matches_class(client) for adapter in ADAPTERS):
             raise _not_a_client(client, "llmspans.instrument()")
         _check(**options)
-        _hedge.check_client(hedge, client)
+        check_client(hedge, client)
         _classes.instrument_class(client, options, instrument, _installed)
         return client
     adapter = adapter_for(client)
@@ -125,14 +128,14 @@ def _check(**options: Any) -> None:
         _budget.parse_seconds(options["budget"], what="budget for the LLM call")
     _content.check(options["capture_content"])
     _prompt.check(options["max_prompt_tokens"], options["on_exceed"], options["prompt_tokenizer"])
-    _hedge.check(options["hedge"])
+    check_hedge(options["hedge"])
 
 
 def _instrument_one(
     adapter: Adapter, client: C, *, provider: str | None, limiter: Limiter | None, budget: float | str | None,
     capture_content: Any, request_usage: bool, server_metrics: Any, attempt_spans: str | None,
     phase_spans: str | None, max_prompt_tokens: int | None, on_exceed: str | None, prompt_tokenizer: str | None,
-    hedge: _hedge.Hedge | None,
+    hedge: Hedge | None,
 ) -> C:  # fmt: skip
     _check(
         provider=provider, limiter=limiter, budget=budget, capture_content=capture_content,
@@ -140,7 +143,7 @@ def _instrument_one(
         phase_spans=phase_spans, max_prompt_tokens=max_prompt_tokens, on_exceed=on_exceed,
         prompt_tokenizer=prompt_tokenizer, hedge=hedge,
     )  # fmt: skip
-    _hedge.check_client(hedge, client)
+    check_client(hedge, client)
     attempt_spans = check_attempt_spans(attempt_spans)
     phase_spans = _phases.check(phase_spans)
     budget_seconds = None if budget is None else _budget.parse_seconds(budget, what="budget for the LLM call")
@@ -169,7 +172,7 @@ def _instrument_one(
         prompt_cap=None
         if max_prompt_tokens is None
         else _prompt.PromptCap(max_prompt_tokens, on_exceed, prompt_tokenizer),
-        hedge=None if hedge is None else _hedge.Hedging(hedge, client),
+        hedge=None if hedge is None else Hedging(hedge, client),
     )
     adapter.install(client, settings)
     return client
@@ -197,7 +200,7 @@ def instrument_all(*, httpx: bool = False, **settings: Any) -> list[type]:
         raise TypeError(f"httpx must be True or False, got {httpx!r}")
     hedge = settings.get("hedge")
     if hedge is not None:
-        _hedge.check(hedge)
+        check_hedge(hedge)
         if httpx or hedge.backup is not None:
             raise TypeError(
                 "instrument_all(hedge=...) hedges the openai classes with the same client as backup (backup=None): "

@@ -7,9 +7,9 @@ flag and sampling parameters (read by the wire format).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmspans import _cache, _content, _openai_wire, _telemetry
 from llmspans._call import CallRecord
@@ -17,7 +17,6 @@ from llmspans._limiter import Limiter
 from llmspans._prompt import PromptCap
 
 if TYPE_CHECKING:
-    from llmspans._hedge import Hedging
     from llmspans.vllm import ServerMetrics
 
 ATTEMPT_SPANS = ("retries", "always")
@@ -42,6 +41,15 @@ def set_configured_attempt_spans(value: str) -> None:
     _configured_attempt_spans = value
 
 
+class Sending(Protocol):
+    """A lever that sends a client's calls itself, in place of the SDK's own request: a hedge
+    (`_hedge.openai_glue.Hedging`, which sits above the adapters and is known to them only by this)."""
+
+    def sender(self, client: Any, send: Callable[..., Any], limiter: Limiter | None) -> Callable[..., Any]:
+        """What `client`'s adapter sends each call with; `send` is the SDK's own request, `limiter` the
+        client's (a copy sent besides the call takes a slot of its own)."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """What `instrument()` was asked for, shared by every call of one client."""
@@ -56,7 +64,7 @@ class Settings:
     attempt_spans: str | None = None  # None: configure()'s, else "retries"
     phase_spans: str | None = None  # None: configure()'s (`_phases`)
     prompt_cap: PromptCap | None = None
-    hedge: Hedging | None = None  # openai clients only (`instrument()` refuses it for a plain one)
+    hedge: Sending | None = None  # openai clients only (`instrument()` refuses it for a plain one)
 
     @property
     def acts(self) -> bool:

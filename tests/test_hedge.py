@@ -23,8 +23,9 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 import llmspans
-from llmspans import _hedge, _prompt, _suppress
 from llmspans import _names as names
+from llmspans import _prompt, _suppress
+from llmspans._hedge import policy as _hedge
 from llmspans.testing import Captured, settle
 from llmspans.tools.simulator import Behavior, RecordedRequest, SimulatedServer
 from tests.timing import retry_timing
@@ -56,7 +57,7 @@ FAST = Behavior(chunks=3, usage="finish")
 
 def ask(
     kind: str, url: str, *, stream: bool, after: Any = AFTER, backup_url: str | None = None,
-    limiter: llmspans.Limiter | None = None, max_retries: int = 0, **body: Any,
+    limiter: llmspans.Limiter | None = None, max_retries: int = 0, attempt_spans: str | None = None, **body: Any,
 ) -> Answer:  # fmt: skip
     """One call through a freshly made hedged client of `kind`, read to its end."""
     request = {"model": "sim-model", "messages": MESSAGES, "stream": stream, **body}
@@ -68,7 +69,7 @@ def ask(
         )
         client = llmspans.instrument(
             openai.OpenAI(base_url=url, api_key="k", max_retries=max_retries),
-            hedge=llmspans.Hedge(after=after, backup=backup), limiter=limiter,
+            hedge=llmspans.Hedge(after=after, backup=backup), limiter=limiter, attempt_spans=attempt_spans,
         )  # fmt: skip
         with client:
             result = client.chat.completions.create(**request)
@@ -85,7 +86,7 @@ def ask(
         )
         client = llmspans.instrument(
             openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=max_retries),
-            hedge=llmspans.Hedge(after=after, backup=backup), limiter=limiter,
+            hedge=llmspans.Hedge(after=after, backup=backup), limiter=limiter, attempt_spans=attempt_spans,
         )  # fmt: skip
         async with client:
             result = await client.chat.completions.create(**request)
@@ -164,12 +165,13 @@ def counter(captured: Captured, name: str, **attributes: Any) -> float:
 # --- firing, and which copy wins -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("spans", [None, "always"])
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_no_backup_is_sent_when_the_primary_answers_within_after(
-    kind: str, stream: bool, server: SimulatedServer, captured: Captured
+    kind: str, stream: bool, spans: str | None, server: SimulatedServer, captured: Captured
 ) -> None:
-    answer = ask(kind, server.base_url, stream=stream, after=2.0)
+    answer = ask(kind, server.base_url, stream=stream, after=2.0, attempt_spans=spans)
     assert len(requests_of(server)) == 1
     assert answer.id.endswith("sim1")
     call = call_span(captured).attributes or {}
@@ -177,9 +179,16 @@ def test_no_backup_is_sent_when_the_primary_answers_within_after(
     assert call[names.HEDGE_AFTER] == 2.0
     assert names.HEDGE_WON_BY not in call
     assert names.HEDGE_WASTED_INPUT_TOKENS not in call
-    primary = attempt_spans(captured)[names.HEDGE_ROLE_PRIMARY].attributes or {}
-    assert primary[names.HEDGE_WON] is True
-    assert primary[names.HEDGE_FIRST_TOKEN] > 0
+    if spans is None:
+        # An unfired hedge costs no span: its only copy is the call's only attempt, whose HTTP facts are
+        # on the call span, as they are without a hedge.
+        assert attempt_spans(captured) == {}
+        assert [s.name for s in captured.spans] == ["chat sim-model"]
+        assert call[names.HTTP_RESPONSE_STATUS_CODE] == 200
+    else:  # every attempt has its span, the primary's with what it did
+        primary = attempt_spans(captured)[names.HEDGE_ROLE_PRIMARY].attributes or {}
+        assert primary[names.HEDGE_WON] is True
+        assert primary[names.HEDGE_FIRST_TOKEN] > 0
     assert not [e for e in call_span(captured).events if e.name == names.EVENT_HEDGE]
     assert counter(captured, names.METRIC_HEDGE_FIRED) == 0
 
@@ -807,3 +816,103 @@ def test_a_call_of_a_client_without_a_hedge_carries_no_hedge_attribute(
         asyncio.run(run())
     assert not [key for key in call_span(captured).attributes or {} if key.startswith("llmspans.hedge.")]
     assert [s.name for s in captured.spans] == ["chat sim-model"]  # no attempt span either
+
+
+# --- what an unfired hedge holds, a tie, a backup that could not leave ------------------------------------
+
+
+def test_decided_sync_races_leave_the_alarm_heap_at_once(server: SimulatedServer, captured: Captured) -> None:
+    """A race decided long before its alarm (`after` 30 s) lets go of it at once: the heap holds what is armed
+    now, however many calls were decided within `after` (rate x after); no race is kept alive by it."""
+    from llmspans._hedge.alarms import alarms
+
+    client = llmspans.instrument(
+        openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0), hedge=llmspans.Hedge(after=30)
+    )
+    before = len(alarms)
+    with client:
+        for _ in range(300):
+            client.chat.completions.create(model="sim-model", messages=MESSAGES)
+        assert len(alarms) - before <= 70  # dead entries are swept once they outnumber the live ones by 64
+        live = [entry for entry in alarms._due if entry[2].race is not None]
+        assert live == []
+    assert len(requests_of(server)) == 300  # none was sent twice
+
+
+class _HoldFirst(httpx.BaseTransport):
+    """Reads each response whole; the first request's (the primary's) is handed on only once the second's
+    (the backup's) was, and the backup has had time to claim the call: a tie the backup wins, the primary's
+    whole answer already in."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.lock = threading.Lock()
+        self.count = 0
+        self.second_returned = threading.Event()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            self.count += 1
+            first = self.count == 1
+        response = self.inner.handle_request(request)
+        response.read()
+        if first:
+            assert self.second_returned.wait(10)
+            time.sleep(0.5)  # the backup's claim happens as its response is handed on: microseconds
+        else:
+            self.second_returned.set()
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_non_streamed_loser_in_a_tie_has_its_usage_read(
+    server: SimulatedServer, captured: Captured
+) -> None:
+    transport = _HoldFirst()
+    client = llmspans.instrument(
+        openai.OpenAI(
+            base_url=server.base_url,
+            api_key="k",
+            max_retries=0,
+            http_client=httpx.Client(transport=transport),
+        ),
+        hedge=llmspans.Hedge(after=AFTER),
+    )
+    with client:
+        result = client.chat.completions.create(model="sim-model", messages=MESSAGES)
+    assert result.id.endswith("sim2")  # the backup's answer
+    assert result.usage is not None
+    assert result.usage.completion_tokens > 0
+    call = call_span(captured).attributes or {}
+    assert call[names.HEDGE_WON_BY] == names.HEDGE_ROLE_BACKUP
+    # The primary's whole answer came (the same server, the same reply): its output was wasted, all of it.
+    assert call[names.HEDGE_WASTED_OUTPUT_TOKENS] == result.usage.completion_tokens
+    assert call[names.HEDGE_WASTED_INPUT_TOKENS] == result.usage.prompt_tokens
+    assert counter(captured, names.METRIC_HEDGE_WASTED_TOKENS, **{names.GEN_AI_TOKEN_TYPE: "output"}) == (
+        result.usage.completion_tokens
+    )
+
+
+def test_the_fired_metric_counts_only_a_backup_that_left(
+    server: SimulatedServer, captured: Captured, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread to be had for the backup: the primary answers alone, and nothing says a hedge fired."""
+    start = threading.Thread.start
+
+    def refuse(thread: threading.Thread) -> None:
+        if thread.name == "llmspans-hedge-backup":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    server.enqueue(slow(False, 0.4))
+    answer = ask("sync", server.base_url, stream=False)
+    assert answer.id.endswith("sim1")
+    assert len(requests_of(server)) == 1
+    span = call_span(captured)
+    assert (span.attributes or {})[names.HEDGE_FIRED] is False
+    assert not [e for e in span.events if e.name == names.EVENT_HEDGE]
+    assert attempt_spans(captured) == {}  # the primary's span is made only for a backup that left
+    assert counter(captured, names.METRIC_HEDGE_FIRED) == 0

@@ -137,7 +137,7 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
             if (
                 not content
                 and delta is not None
-                and (delta.content or delta.tool_calls or delta.refusal or _reasoning_in(delta))
+                and (delta.content or delta.tool_calls or delta.refusal or reasoning_in(delta))
             ):
                 content = True  # one content chunk however many choices it carries
                 record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
@@ -165,7 +165,7 @@ def _chat_text_item(reading: _Reading, item: Any, now: int) -> bool:
     return _chat_item(reading, item, now)
 
 
-def _reasoning_in(delta: Any) -> bool:
+def reasoning_in(delta: Any) -> bool:
     """Reasoning in a chunk: vLLM's `reasoning` or DeepSeek's `reasoning_content`, fields the SDK's types
     do not declare (a model keeps them in its extras: looked up there, not through `getattr`'s exception)."""
     extra = getattr(delta, "__pydantic_extra__", None)
@@ -329,7 +329,7 @@ class OpenAIInstrumentation:
         client.request = self._async_request if self.is_async else self._sync_request
         client.copy = client.with_options = self._copy
         if self.settings.hedge is not None:
-            self._send = self.settings.hedge.sender(self)
+            self._send = self.settings.hedge.sender(client, self._original_request, self.settings.limiter)
         self._transport_installed = _transport.install(client._client)
         setattr(client, _MARK, self)
 
@@ -375,7 +375,7 @@ class OpenAIInstrumentation:
         stream = body.get("stream") is True
         # A raw response (`with_streaming_response`, `with_raw_response`) the app may read line by
         # line: its bytes are then all there is to read, so the transport reads them for us.
-        raw = stream and _raw_mode(options) is not None
+        raw = stream and raw_mode(options) is not None
         hide_usage = False
         if (
             self.settings.request_usage and stream and operation == names.OPERATION_CHAT
@@ -518,13 +518,20 @@ class OpenAIInstrumentation:
         return self._hand_over(reading, result)
 
 
-def _raw_mode(options: Any) -> str | None:
+def raw_mode(options: Any) -> str | None:
     """`stream` (`with_streaming_response`), `raw` or `true` (`with_raw_response`), or None."""
     headers = getattr(options, "headers", None)
     if not isinstance(headers, Mapping):
         return None
     mode = headers.get(_RAW_RESPONSE_HEADER, headers.get(_RAW_RESPONSE_HEADER.lower()))
     return mode if isinstance(mode, str) else None
+
+
+def original_request(client: Any) -> Callable[..., Any]:
+    """The client's own `request`, under llmspans' instrumentation if it has one: what sends a hedge's backup
+    through another client, with no call of ours around it."""
+    installed = getattr(client, _MARK, None)
+    return client.request if installed is None else installed._original_request  # type: ignore[no-any-return]
 
 
 class _RawResponseProxy(wrapt.ObjectProxy[Any]):
