@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -317,10 +318,12 @@ class _CopyAttempts(list[Attempt]):
 
     def __init__(self, copy: HedgeCopy) -> None:
         super().__init__()
-        self.owner = copy
+        self.owner = weakref.ref(copy)  # weak: the copy holds this list (no cycle for the collector)
 
     def append(self, attempt: Attempt) -> None:
-        copy = self.owner
+        copy = self.owner()
+        if copy is None:  # pragma: no cover - a copy's request runs with the copy current
+            raise HedgeCancelled(names.HEDGE_ROLE_PRIMARY)
         if copy.cancelled:
             raise HedgeCancelled(copy.role)
         if type(attempt) is Attempt:
@@ -337,10 +340,12 @@ class _CopyWatch:
     muted = False
 
     def __init__(self, copy: HedgeCopy) -> None:
-        self.copy = copy
+        self.copy = weakref.ref(copy)  # weak: the copy holds its watch (no cycle for the collector)
 
     def response_headers(self, headers: Any) -> None:
-        self.copy.responded()
+        copy = self.copy()
+        if copy is not None:
+            copy.responded()
 
     def feed(self, chunk: bytes, now_ns: int) -> None:
         pass
@@ -359,7 +364,10 @@ class HedgeCopy(CallRecord):
 
     def __init__(self, race: Race, role: str) -> None:  # CallRecord's own set-up is the call's, not ours
         call = race.call
-        self.race = race
+        # Weak: the race holds its copies. Whatever runs a copy (the caller's frame, a backup's thread or
+        # task, the alarm) holds the race, so it is there whenever the copy is at work; the race and its
+        # copies are then freed by reference counting when the call is over, not left for the collector.
+        self._race = weakref.ref(race)
         self.role = role
         self.attempts = _CopyAttempts(self)
         self.span = call.span
@@ -382,6 +390,13 @@ class HedgeCopy(CallRecord):
         self.reported_output: int | None = None
         self.release: Callable[[], None] | None = None  # gives back the limiter slot it holds, if any
         self.wasted: tuple[int, int | None] | None = None  # (output, input) it had when it lost
+
+    @property
+    def race(self) -> Race:
+        race = self._race()
+        if race is None:  # pragma: no cover - see `__init__`
+            raise HedgeCancelled(self.role)
+        return race
 
     # --- what the transport calls ---
 
@@ -755,8 +770,10 @@ class Race:
         except BaseException as error:  # HedgeCancelled too: this thread's end
             outcome = (None, error)
         with self.lock:
-            self.backup_outcome = outcome
             won = self.winner is backup
+            # A loser's outcome is never read (the primary's own answer or error is the call's); its
+            # exception's traceback would hold this race in a cycle.
+            self.backup_outcome = outcome if won else (None, None)
         if not won:
             _discard(outcome[0])
             self._release(backup)
@@ -837,6 +854,7 @@ class Race:
                 await asyncio.wait(stopping)  # closed before the caller goes on
             for loser in losers:
                 self._release(loser)
+                loser.task = None  # a finished task holds its exception, whose frames hold the copy
             if winner is None:
                 return tasks[0].result()  # the primary's own failure (a backup that failed too says less)
             result = await winner.task  # type: ignore[misc]
@@ -887,6 +905,13 @@ class Race:
     def finished(self, record: CallRecord, outcome: str, duration_ns: int) -> None:
         self._write(record)
         previous = self.previous
+        # The call is written: what tied it and the copies' answers into cycles goes (see `HedgeCopy.race`).
+        record.lever = previous
+        self.backup_outcome = (None, None)  # a stopped copy's exception: its traceback's frames hold the race
+        for copy in (self.primary, self.backup):
+            if copy is not None:
+                for attempt in copy.attempts:
+                    attempt.response = None
         if previous is not None:
             previous.finished(record, outcome, duration_ns)
 

@@ -25,8 +25,12 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 from opentelemetry import propagate, trace
+from opentelemetry.baggage import _BAGGAGE_KEY
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from llmspans import _deferred, _guard, _retries, _telemetry
@@ -293,13 +297,49 @@ class _AttemptScope:
 
 
 _W3C = TraceContextTextMapPropagator()
+_OTEL_PROPAGATE = propagate
+_default_textmap: Any = None  # the global propagator, once found to be OpenTelemetry's default pair
 
 
 def _inject(headers: Any, context: Context, w3c_too: bool) -> None:
-    """The global propagator's headers; for vLLM also W3C `traceparent`, the only one it reads."""
+    """The global propagator's headers; for vLLM also W3C `traceparent`, the only one it reads.
+
+    With OpenTelemetry's default propagators (W3C trace context and baggage) and no baggage in the
+    context, it writes the `traceparent` (and `tracestate`) header itself, exactly as they would: their
+    generic path (a composite, a setter, two context look-ups each) cost more than the header.
+    """
+    span = context.get(_SPAN_KEY)
+    if (
+        propagate is _OTEL_PROPAGATE
+        and isinstance(span, Span)
+        and context.get(_BAGGAGE_KEY) is None
+        and ((textmap := propagate.get_global_textmap()) is _default_textmap or _is_default_pair(textmap))
+    ):
+        span_context = span.get_span_context()
+        if span_context.is_valid:
+            headers["traceparent"] = (
+                f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
+            )
+            if span_context.trace_state:
+                headers["tracestate"] = span_context.trace_state.to_header()
+        return
     propagate.inject(headers, context=context)
     if w3c_too and "traceparent" not in headers:
         _W3C.inject(headers, context=context)
+
+
+def _is_default_pair(textmap: Any) -> bool:
+    """Whether the global propagator is the default one `OTEL_PROPAGATORS` makes (remembered if so)."""
+    global _default_textmap
+    found = getattr(textmap, "_propagators", None)
+    if (
+        type(textmap) is CompositePropagator
+        and isinstance(found, list)
+        and [type(each) for each in found] == [TraceContextTextMapPropagator, W3CBaggagePropagator]
+    ):
+        _default_textmap = textmap
+        return True
+    return False
 
 
 def _start_attempt_span(record: CallRecord, attempt: Attempt) -> Span:
