@@ -777,6 +777,8 @@ class Race:
         if not won:
             _discard(outcome[0])
             self._release(backup)
+        # The exception's traceback holds this frame: without this its locals would hold the exception.
+        del outcome
         self.backup_done.set()
 
     def _backup_result(self) -> Any:
