@@ -21,6 +21,7 @@ import functools
 import importlib
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
@@ -383,13 +384,19 @@ _CONNECTION_EVENTS = frozenset(
 
 
 def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
+    """httpcore's trace hook on the request, ahead of any the app set. It holds the attempt weakly: an
+    httpx response (and its request) may be left in a reference cycle of httpx's own, and the call's
+    objects must not hang from it for the collector to free."""
     previous = request.extensions.get("trace")
+    attempt = weakref.ref(scope)
     if is_async:
 
         async def atrace(event: str, info: dict[str, Any]) -> None:
             if event in _CONNECTION_EVENTS:
                 with swallow(sites.TRANSPORT_TRACE):
-                    scope.on_trace_event(event)
+                    found = attempt()
+                    if found is not None:
+                        found.on_trace_event(event)
             if previous is not None:
                 await previous(event, info)
 
@@ -399,7 +406,9 @@ def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
         def strace(event: str, info: dict[str, Any]) -> None:
             if event in _CONNECTION_EVENTS:
                 with swallow(sites.TRANSPORT_TRACE):
-                    scope.on_trace_event(event)
+                    found = attempt()
+                    if found is not None:
+                        found.on_trace_event(event)
             if previous is not None:
                 previous(event, info)
 
@@ -437,6 +446,19 @@ def library_of(client: Any) -> _Library:
     if name not in _libraries:
         _libraries[name] = _Library(importlib.import_module(name))
     return _libraries[name]
+
+
+class _EndedScope:
+    """What a closed body holds in place of its attempt: an httpx response and its body may be left in a
+    reference cycle of httpx's own, and the call's objects must not hang from it for the collector."""
+
+    closed = True
+
+    def close(self, error: BaseException | None = None, at_ns: int | None = None) -> None:
+        pass
+
+
+_ENDED: Any = _EndedScope()
 
 
 class _Body:
@@ -486,6 +508,7 @@ class _SyncBody(_Body):
         finally:
             try:  # the app's own close must not see our failure (`swallow`, inlined)
                 self._scope.close()
+                self._scope = _ENDED
                 if _guard._faults:
                     check_fault(sites.TRANSPORT_CLOSE)
             except Exception as failure:
@@ -520,6 +543,7 @@ class _AsyncBody(_Body):
         finally:
             try:  # `swallow`, inlined
                 self._scope.close()
+                self._scope = _ENDED
                 if _guard._faults:
                     check_fault(sites.TRANSPORT_CLOSE)
             except Exception as failure:
