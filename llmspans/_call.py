@@ -46,6 +46,10 @@ if TYPE_CHECKING:
     from llmspans._limiter import Admission, Limiter
 
 T = TypeVar("T")
+# The inlined `GapSketch.add` of `content_chunk`: `_LINEAR + (shift - 1) * _SUB` is `_SKETCH_BASE + shift * _SUB`.
+_SKETCH_BASE = _SKETCH_LINEAR - _SKETCH_SUB
+_SKETCH_MASK = _SKETCH_SUB - 1
+_SKETCH_LINEAR_BITS = _SKETCH_SUB_BITS + 1  # a gap of at most this many bits is counted exactly
 _CHUNK_BOUNDS = metric.CHUNK_BOUNDARIES_NS
 _CHUNK_BUCKETS = len(_CHUNK_BOUNDS) + 1
 # Outcomes that end while the client waits on the server: what follows the last chunk is the server's.
@@ -371,17 +375,14 @@ class CallRecord:
             if tokens == 1:  # `GapSketch.add`, inlined (its count is taken at the end): once per chunk
                 if gap > gaps.max_ns:
                     gaps.max_ns = gap
-                if gap < _SKETCH_LINEAR:
-                    gaps.counts[gap] += 1
+                bits = gap.bit_length()
+                if _SKETCH_LINEAR_BITS < bits <= _SKETCH_MAX_BITS:  # nearly every gap: no clamp
+                    shift = bits - _SKETCH_SUB_BITS - 1
+                    gaps.counts[
+                        _SKETCH_BASE + (shift << _SKETCH_SUB_BITS) + ((gap >> shift) & _SKETCH_MASK)
+                    ] += 1
                 else:
-                    bits = gap.bit_length()
-                    if bits > _SKETCH_MAX_BITS:
-                        gaps.counts[_SKETCH_SIZE - 1] += 1
-                    else:
-                        shift = bits - _SKETCH_SUB_BITS - 1
-                        gaps.counts[
-                            _SKETCH_LINEAR + (shift - 1) * _SKETCH_SUB + ((gap >> shift) & (_SKETCH_SUB - 1))
-                        ] += 1
+                    gaps.counts[gap if bits <= _SKETCH_LINEAR_BITS else _SKETCH_SIZE - 1] += 1
             else:
                 per_token = gap // tokens
                 for _ in range(tokens):
@@ -546,6 +547,12 @@ class CallRecord:
             self.error_type = names.ERROR_INCOMPLETE_STREAM
         released = now_ns if now_ns is not None else time.perf_counter_ns()
         self.released_ns = released
+        # What would keep a reference cycle alive past the call (for the collector to find): a response
+        # holds its body, whose attempt scope holds this call; a raw response's observer holds it too.
+        for attempt in self.attempts:
+            attempt.response = None
+        if self.body_observer is not None:
+            self.body_observer = None
         if self.suppressed:  # nothing to write or end
             if self.on_release is not None:
                 self._release()
@@ -651,8 +658,9 @@ class CallRecord:
             if gaps is not None:
                 gaps.count = sum(gaps.counts)  # not counted chunk by chunk (`content_chunk`)
             if gaps is not None and gaps.count:
-                attributes[names.ITL_P50] = seconds(gaps.quantile_ns(0.5))
-                attributes[names.ITL_P95] = seconds(gaps.quantile_ns(0.95))
+                p50, p95 = gaps.quantiles_ns(0.5, 0.95)
+                attributes[names.ITL_P50] = seconds(p50)
+                attributes[names.ITL_P95] = seconds(p95)
                 attributes[names.ITL_MAX] = seconds(gaps.max_ns)
             speed = self.output_speed(stream)
             if speed is not None:

@@ -21,12 +21,17 @@ import functools
 import importlib
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 from opentelemetry import propagate, trace
+from opentelemetry.baggage import _BAGGAGE_KEY
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from llmspans import _deferred, _guard, _retries, _telemetry
@@ -293,13 +298,49 @@ class _AttemptScope:
 
 
 _W3C = TraceContextTextMapPropagator()
+_OTEL_PROPAGATE = propagate
+_default_textmap: Any = None  # the global propagator, once found to be OpenTelemetry's default pair
 
 
 def _inject(headers: Any, context: Context, w3c_too: bool) -> None:
-    """The global propagator's headers; for vLLM also W3C `traceparent`, the only one it reads."""
+    """The global propagator's headers; for vLLM also W3C `traceparent`, the only one it reads.
+
+    With OpenTelemetry's default propagators (W3C trace context and baggage) and no baggage in the
+    context, it writes the `traceparent` (and `tracestate`) header itself, exactly as they would: their
+    generic path (a composite, a setter, two context look-ups each) cost more than the header.
+    """
+    span = context.get(_SPAN_KEY)
+    if (
+        propagate is _OTEL_PROPAGATE
+        and isinstance(span, Span)
+        and context.get(_BAGGAGE_KEY) is None
+        and ((textmap := propagate.get_global_textmap()) is _default_textmap or _is_default_pair(textmap))
+    ):
+        span_context = span.get_span_context()
+        if span_context.is_valid:
+            headers["traceparent"] = (
+                f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
+            )
+            if span_context.trace_state:
+                headers["tracestate"] = span_context.trace_state.to_header()
+        return
     propagate.inject(headers, context=context)
     if w3c_too and "traceparent" not in headers:
         _W3C.inject(headers, context=context)
+
+
+def _is_default_pair(textmap: Any) -> bool:
+    """Whether the global propagator is the default one `OTEL_PROPAGATORS` makes (remembered if so)."""
+    global _default_textmap
+    found = getattr(textmap, "_propagators", None)
+    if (
+        type(textmap) is CompositePropagator
+        and isinstance(found, list)
+        and [type(each) for each in found] == [TraceContextTextMapPropagator, W3CBaggagePropagator]
+    ):
+        _default_textmap = textmap
+        return True
+    return False
 
 
 def _start_attempt_span(record: CallRecord, attempt: Attempt) -> Span:
@@ -343,13 +384,19 @@ _CONNECTION_EVENTS = frozenset(
 
 
 def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
+    """httpcore's trace hook on the request, ahead of any the app set. It holds the attempt weakly: an
+    httpx response (and its request) may be left in a reference cycle of httpx's own, and the call's
+    objects must not hang from it for the collector to free."""
     previous = request.extensions.get("trace")
+    attempt = weakref.ref(scope)
     if is_async:
 
         async def atrace(event: str, info: dict[str, Any]) -> None:
             if event in _CONNECTION_EVENTS:
                 with swallow(sites.TRANSPORT_TRACE):
-                    scope.on_trace_event(event)
+                    found = attempt()
+                    if found is not None:
+                        found.on_trace_event(event)
             if previous is not None:
                 await previous(event, info)
 
@@ -359,7 +406,9 @@ def _chain_trace(request: Any, scope: _AttemptScope, is_async: bool) -> None:
         def strace(event: str, info: dict[str, Any]) -> None:
             if event in _CONNECTION_EVENTS:
                 with swallow(sites.TRANSPORT_TRACE):
-                    scope.on_trace_event(event)
+                    found = attempt()
+                    if found is not None:
+                        found.on_trace_event(event)
             if previous is not None:
                 previous(event, info)
 
@@ -397,6 +446,19 @@ def library_of(client: Any) -> _Library:
     if name not in _libraries:
         _libraries[name] = _Library(importlib.import_module(name))
     return _libraries[name]
+
+
+class _EndedScope:
+    """What a closed body holds in place of its attempt: an httpx response and its body may be left in a
+    reference cycle of httpx's own, and the call's objects must not hang from it for the collector."""
+
+    closed = True
+
+    def close(self, error: BaseException | None = None, at_ns: int | None = None) -> None:
+        pass
+
+
+_ENDED: Any = _EndedScope()
 
 
 class _Body:
@@ -446,6 +508,7 @@ class _SyncBody(_Body):
         finally:
             try:  # the app's own close must not see our failure (`swallow`, inlined)
                 self._scope.close()
+                self._scope = _ENDED
                 if _guard._faults:
                     check_fault(sites.TRANSPORT_CLOSE)
             except Exception as failure:
@@ -480,6 +543,7 @@ class _AsyncBody(_Body):
         finally:
             try:  # `swallow`, inlined
                 self._scope.close()
+                self._scope = _ENDED
                 if _guard._faults:
                     check_fault(sites.TRANSPORT_CLOSE)
             except Exception as failure:

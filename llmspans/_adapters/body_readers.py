@@ -65,17 +65,63 @@ class StreamObserver(BodyReader):
     `complete` turns true at the stream's own end marker: `[DONE]` for chat and completions, the
     final `response.completed`/`incomplete`/`failed` event for the Responses API (which sends no
     `[DONE]`). A caller who stops reading there and closes the response has not abandoned the call.
+
+    The parser calls back into `StreamEvents`, which holds neither the parser nor this observer: a
+    callback bound to the observer itself would make a reference cycle of every call (garbage for the
+    collector rather than freed when the call ends).
     """
 
     def __init__(self, record: CallRecord, capture: _content.CaptureSetting, responses_api: bool) -> None:
         self.record = record
         self.capture = capture
-        self.responses_api = responses_api
-        self.output = _conversation.OutputMessages(_content.limit(record)) if capture else None
-        self._now = 0
-        self._parser = _sse.SSEObserver(self._on_event)
+        output = _conversation.OutputMessages(_content.limit(record)) if capture else None
+        self._events = self._events_for(record, output, responses_api)
+        self._parser = _sse.SSEObserver(self._events.on_event)
 
-    def _on_event(self, event: str | None, data: str) -> None:
+    def _events_for(
+        self, record: CallRecord, output: _conversation.OutputMessages | None, responses_api: bool
+    ) -> StreamEvents:
+        """What reads each event (a subclass may read some of them its own way: the load tool's client)."""
+        return StreamEvents(record, output, responses_api)
+
+    @property
+    def responses_api(self) -> bool:
+        return self._events.responses_api
+
+    @property
+    def complete(self) -> bool:  # type: ignore[override]
+        return self._events.complete
+
+    @property
+    def output(self) -> _conversation.OutputMessages | None:
+        return self._events.output
+
+    def read(self, chunk: bytes, now_ns: int) -> None:
+        self._events.now = now_ns
+        self._parser.feed(chunk)
+
+    def finish(self, now_ns: int, error: BaseException | None) -> None:
+        output = self._events.output
+        if output is not None and not self.muted:
+            with swallow(sites.HTTPX_CONTENT):
+                _content.write_output(self.record, self.capture, output)
+
+
+class StreamEvents:
+    """What each SSE event of a stream says, on its call (the parser's callback; see `StreamObserver`)."""
+
+    __slots__ = ("complete", "now", "output", "record", "responses_api")
+
+    def __init__(
+        self, record: CallRecord, output: _conversation.OutputMessages | None, responses_api: bool
+    ) -> None:
+        self.record = record
+        self.output = output
+        self.responses_api = responses_api
+        self.now = 0
+        self.complete = False
+
+    def on_event(self, event: str | None, data: str) -> None:
         output = self.output
         if output is None:
             info = _openai_wire.classify(event, data)
@@ -102,7 +148,7 @@ class StreamObserver(BodyReader):
             tokens = 1
             if info.output_tokens is not None:  # cumulative usage on every chunk: exact tokens per chunk
                 tokens = max(1, info.output_tokens - (record.output_tokens or 0))
-            record.content_chunk(self._now, tokens)
+            record.content_chunk(self.now, tokens)
         if record.response_id is None:
             record.set_response(info.response_id, info.model)
             if info.attributes:  # a stream's tier and fingerprint, said on its first chunk
@@ -113,15 +159,6 @@ class StreamObserver(BodyReader):
             record.set_usage(info.input_tokens, info.output_tokens, info.cached_tokens)
             if info.attributes:
                 record.set_attributes(info.attributes)
-
-    def read(self, chunk: bytes, now_ns: int) -> None:
-        self._now = now_ns
-        self._parser.feed(chunk)
-
-    def finish(self, now_ns: int, error: BaseException | None) -> None:
-        if self.output is not None and not self.muted:
-            with swallow(sites.HTTPX_CONTENT):
-                _content.write_output(self.record, self.capture, self.output)
 
 
 class JsonObserver(BodyReader):

@@ -438,23 +438,7 @@ class OpenAIInstrumentation:
             _finish(reading, names.OUTCOME_COMPLETED)
             return raw
         reading.record.finish_on_close = True
-        adapter = self
-
-        class RawProxy(_RawResponseProxy):
-            def _self_parsing(self) -> None:
-                reading.record.finish_on_close = False  # parse() reads and closes the body: we finish
-                observer = reading.record.body_observer
-                if observer is not None:
-                    observer.muted = True  # the parsed stream's items are stamped instead
-
-            def _self_failed(self, error: BaseException) -> None:
-                _finish(reading, names.OUTCOME_ERROR, error)
-
-            def _self_wrap(self, parsed: Any) -> Any:
-                wrapped = adapter._wrap_result(reading, parsed)
-                return parsed if wrapped is None else wrapped
-
-        return RawProxy(raw)
+        return _RawResponseProxy(raw, self, reading)
 
     def _lead_in(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], sinks: _telemetry.Sinks | None
@@ -535,16 +519,30 @@ def original_request(client: Any) -> Callable[..., Any]:
 
 
 class _RawResponseProxy(wrapt.ObjectProxy[Any]):
-    """A raw response whose `parse()` result is instrumented like a direct call's."""
+    """A raw response whose `parse()` result is instrumented like a direct call's.
 
-    def _self_parsing(self) -> None:  # pragma: no cover - replaced per call
-        pass
+    One class for every call (a class made per call would be a reference cycle of its own, left for the
+    collector): what the call needs rides on the proxy's `_self_` attributes.
+    """
 
-    def _self_failed(self, error: BaseException) -> None:  # pragma: no cover - replaced per call
-        pass
+    def __init__(self, raw: Any, adapter: OpenAIInstrumentation, reading: _Reading) -> None:
+        super().__init__(raw)
+        self._self_adapter = adapter
+        self._self_reading = reading
 
-    def _self_wrap(self, parsed: Any) -> Any:  # pragma: no cover - replaced per call
-        return parsed
+    def _self_parsing(self) -> None:
+        record = self._self_reading.record
+        record.finish_on_close = False  # parse() reads and closes the body: we finish
+        observer = record.body_observer
+        if observer is not None:
+            observer.muted = True  # the parsed stream's items are stamped instead
+
+    def _self_failed(self, error: BaseException) -> None:
+        _finish(self._self_reading, names.OUTCOME_ERROR, error)
+
+    def _self_wrap(self, parsed: Any) -> Any:
+        wrapped = self._self_adapter._wrap_result(self._self_reading, parsed)
+        return parsed if wrapped is None else wrapped
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:
         self._self_parsing()

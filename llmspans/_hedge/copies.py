@@ -14,6 +14,7 @@ import asyncio
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -69,10 +70,12 @@ class CopyAttempts(list[Attempt]):
 
     def __init__(self, owner: HedgeCopy) -> None:
         super().__init__()
-        self.owner = owner
+        self.owner = weakref.ref(owner)  # weak: the copy holds this list (no cycle for the collector)
 
     def append(self, attempt: Attempt) -> None:
-        copy = self.owner
+        copy = self.owner()
+        if copy is None:  # pragma: no cover - a copy's request runs with the copy current
+            raise HedgeCancelled(names.HEDGE_ROLE_PRIMARY)
         if copy.cancelled:
             raise HedgeCancelled(copy.role)
         if type(attempt) is Attempt:
@@ -89,10 +92,12 @@ class _CopyWatch:
     muted = False
 
     def __init__(self, copy: HedgeCopy) -> None:
-        self.copy = copy
+        self.copy = weakref.ref(copy)  # weak: the copy holds its watch (no cycle for the collector)
 
     def response_headers(self, headers: Any) -> None:
-        self.copy.responded()
+        copy = self.copy()
+        if copy is not None:
+            copy.responded()
 
     def feed(self, chunk: bytes, now_ns: int) -> None:
         pass
@@ -134,7 +139,10 @@ class HedgeCopy(CallRecord):
 
     def __init__(self, race: Contest, role: str) -> None:  # CallRecord's own set-up is the call's, not ours
         call = race.call
-        self.race = race
+        # Weak: the race holds its copies. Whatever runs a copy (the caller's frame, a backup's thread or
+        # task, the alarm) holds the race, so it is there whenever the copy is at work; the race and its
+        # copies are then freed by reference counting when the call is over, not left for the collector.
+        self._race = weakref.ref(race)
         self.role = role
         self.attempts = CopyAttempts(self)
         self.span = call.span
@@ -152,6 +160,13 @@ class HedgeCopy(CallRecord):
         self.lock = threading.Lock()
         if role != names.HEDGE_ROLE_PRIMARY:
             self.watching = True
+
+    @property
+    def race(self) -> Contest:
+        race = self._race()
+        if race is None:  # pragma: no cover - see `__init__`
+            raise HedgeCancelled(self.role)
+        return race
 
     # --- what the transport calls ---
 

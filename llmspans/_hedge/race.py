@@ -241,12 +241,16 @@ class Race:
         except BaseException as error:  # HedgeCancelled too: this thread's end
             outcome = (None, error)
         with self.lock:
-            self.backup_outcome = outcome
             won = self.winner is backup
+            # A loser's outcome is never read (the primary's own answer or error is the call's); its
+            # exception's traceback would hold this race in a cycle.
+            self.backup_outcome = outcome if won else (None, None)
         if not won:
             backup.settle(outcome[0])
             _discard(outcome[0])
             self._release(backup)
+        # The exception's traceback holds this frame: without this its locals would hold the exception.
+        del outcome
         self.backup_done.set()  # type: ignore[union-attr]
 
     def _backup_result(self) -> Any:
@@ -387,6 +391,7 @@ class Race:
             if not task.cancelled() and task.exception() is None:
                 loser.settle(task.result())
                 _discard(task.result())
+            loser.task = None  # a finished task holds its exception, whose frames hold the copy
         self._release(loser)
 
     async def _stop_backup_async(self) -> None:
@@ -459,6 +464,13 @@ class Race:
     def finished(self, record: CallRecord, outcome: str, duration_ns: int) -> None:
         self._write(record)
         previous = self.previous
+        # The call is written: what tied it and the copies' answers into cycles goes (see `HedgeCopy.race`).
+        record.lever = previous
+        self.backup_outcome = (None, None)  # a stopped copy's exception: its traceback's frames hold the race
+        for copy in (self.primary, self.backup):
+            if copy is not None:
+                for attempt in copy.attempts:
+                    attempt.response = None
         if previous is not None:
             previous.finished(record, outcome, duration_ns)
 

@@ -65,6 +65,39 @@ def content_of_bytes(data: bytes) -> bool | None:
     return _B_TOOL_CALLS in data
 
 
+class LoadStreamEvents(body_readers.StreamEvents):
+    """The adapter's event reader, with a cheap read of a plain mid-stream chunk's data, and each content
+    chunk's instant kept on the load tool's request record too (for its ITL)."""
+
+    __slots__ = ("fast", "load")
+
+    def __init__(
+        self, record: Any, output: Any, responses_api: bool, load: RequestRecord | None, fast: bool
+    ) -> None:
+        super().__init__(record, output, responses_api)
+        self.load = load
+        self.fast = fast
+
+    def on_event(self, event: str | None, data: str) -> None:
+        record = self.record
+        if self.fast and event is None and record.response_id is not None:
+            content = content_of(data)
+            if content is not None:
+                if content:
+                    record.content_chunk(self.now, 1)
+                    if self.load is not None:
+                        self.load.chunk_ns.append(self.now)
+                return
+        load = self.load
+        if load is None:
+            super().on_event(event, data)
+            return
+        before = record.chunks
+        super().on_event(event, data)
+        if record.chunks != before:
+            load.chunk_ns.append(self.now)
+
+
 class LoadStreamObserver(body_readers.StreamObserver):
     """The adapter's stream observer, with a byte-level read of plain mid-stream chunks (module doc).
 
@@ -75,11 +108,15 @@ class LoadStreamObserver(body_readers.StreamObserver):
     """
 
     def __init__(self, record: Any, capture: Any, responses_api: bool, load: RequestRecord | None) -> None:
-        super().__init__(record, capture, responses_api)
         self.load = load
-        self._fast = not responses_api and not capture
+        super().__init__(record, capture, responses_api)
         self._pending = b""
-        self._split = self._fast  # False once the body is not plain `data:` lines and "\n\n"
+        self._split = not responses_api and not capture  # False once the body is not plain `data:` lines
+
+    def _events_for(self, record: Any, output: Any, responses_api: bool) -> body_readers.StreamEvents:
+        return LoadStreamEvents(
+            record, output, responses_api, self.load, fast=output is None and not responses_api
+        )
 
     def read(self, chunk: bytes, now_ns: int) -> None:
         if not self._split or b"\r" in chunk:
@@ -88,7 +125,7 @@ class LoadStreamObserver(body_readers.StreamObserver):
                 chunk, self._pending = self._pending + chunk, b""
             super().read(chunk, now_ns)
             return
-        self._now = now_ns
+        self._events.now = now_ns
         buffer = self._pending + chunk if self._pending else chunk
         *events, self._pending = buffer.split(_EVENT_END)
         record, load = self.record, self.load
@@ -103,25 +140,6 @@ class LoadStreamObserver(body_readers.StreamObserver):
                     continue
             if event:
                 self._parser.feed(event + _EVENT_END)
-
-    def _on_event(self, event: str | None, data: str) -> None:
-        record = self.record
-        if self._fast and event is None and record.response_id is not None:
-            content = content_of(data)
-            if content is not None:
-                if content:
-                    record.content_chunk(self._now, 1)
-                    if self.load is not None:
-                        self.load.chunk_ns.append(self._now)
-                return
-        load = self.load
-        if load is None:
-            super()._on_event(event, data)
-            return
-        before = record.chunks
-        super()._on_event(event, data)
-        if record.chunks != before:
-            load.chunk_ns.append(self._now)
 
 
 class LoadCalls(OpenAIPathCalls):
