@@ -20,6 +20,13 @@ from llmspans.testing import Captured
 # told to use within TOLERANCE (a loaded 2-core box oversleeps; its stamps show by how much).
 
 
+def retried(test: Any, attempt: int, error: AssertionError) -> None:
+    """Say so when a run is retried (shown with `-s` or in a failure's captured output): a test that
+    passes only on its second run is worth knowing about."""
+    first_line = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+    print(f"\n[retry_timing] {test.__name__}: run {attempt + 1} failed, retried: {first_line}")
+
+
 def retry_timing(test: Any) -> Any:
     """Run a timing test up to three times: a scheduler hiccup on a loaded 2-core machine can
     delay one stamp by several ms, but a systematic error (a stamp taken at the wrong point)
@@ -37,9 +44,10 @@ def retry_timing(test: Any) -> Any:
             for attempt in range(3):
                 try:
                     return await test(*args, **kwargs)
-                except AssertionError:
+                except AssertionError as error:
                     if attempt == 2:
                         raise
+                    retried(test, attempt, error)
                     reset(kwargs)
 
         return async_wrapper
@@ -49,9 +57,10 @@ def retry_timing(test: Any) -> Any:
         for attempt in range(3):
             try:
                 return test(*args, **kwargs)
-            except AssertionError:
+            except AssertionError as error:
                 if attempt == 2:
                     raise
+                retried(test, attempt, error)
                 reset(kwargs)
 
     return wrapper
