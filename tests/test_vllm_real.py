@@ -517,11 +517,26 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
     front end, busy streaming, can take seconds to answer `/metrics` (a read answered after the call's
     first token does not count for it; seen stalling for over two seconds at a burst's start), so each
     call asks for 256 tokens to keep the burst waiting past such a stall, and a run in which still no
-    read fell inside any call's wait is retried."""
+    read fell inside any call's wait is retried. The reads a call must count are those inside its
+    record's own window (seen through the sampler), which lies inside the test's stamps around the
+    call: no margin guessed for how long a loaded machine takes to build the request or hand over a
+    chunk."""
     calls = 16
     sampler = busy_server_sampler(real_vllm)
     client = client_for(real_vllm, server_metrics=sampler)
-    timings: dict[str, tuple[int, int]] = {}  # response id -> (sent, first content), perf_counter_ns
+    timings: dict[
+        str, tuple[int, int, int]
+    ] = {}  # response id -> (sent, first content, thread), perf_counter_ns
+    # The window each call's record read the server over (from its sending to its first token), by the
+    # thread that ended it: a streamed call ends in the thread that read it to its end.
+    windows: dict[int, tuple[int, int]] = {}
+    during = sampler.attributes_during
+
+    def spy(sent_ns: int, answered_ns: int) -> dict[str, Any]:
+        windows[threading.get_ident()] = (sent_ns, answered_ns)
+        return during(sent_ns, answered_ns)
+
+    sampler.attributes_during = spy  # type: ignore[method-assign]
 
     def timed() -> None:
         sent, first, response_id = time.perf_counter_ns(), 0, ""
@@ -531,7 +546,7 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
             response_id = chunk.id
             if not first and chunk.choices and chunk.choices[0].delta.content:
                 first = time.perf_counter_ns()
-        timings[response_id] = (sent, first)
+        timings[response_id] = (sent, first, threading.get_ident())
 
     threads = [threading.Thread(target=timed) for _ in range(calls)]
     for thread in threads:
@@ -543,19 +558,19 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
     spans = call_spans(captured)
     assert len(spans) == len(timings) == calls
     found = server_spans_of(real_vllm, spans)
-    margin = 50_000_000  # between the test's stamps and the call record's: the SDK building the request
     assert late_after == 0.1
     read_inside = 0
     for span in spans:
-        sent, first = timings[span.attributes[names.GEN_AI_RESPONSE_ID]]
+        sent, first, thread = timings[span.attributes[names.GEN_AI_RESPONSE_ID]]
         seen = span.attributes.get(names.VLLM_NUM_REQUESTS_WAITING_MAX)
         assert span.attributes[names.VLLM_NUM_REQUESTS_RUNNING] <= real_vllm.max_num_seqs
-        # The test's window holds the record's: the reads the stamp may use, and those it must.
+        # The record's window lies in the test's (the SDK builds the request after the test's stamp, the
+        # app gets the chunk after the record's): the reads the stamp may use, and those it must.
+        record_sent, record_first = windows[thread]
+        assert sent <= record_sent < record_first <= first
         may = [read.waiting for read in reads if sent <= read.sent_ns and read.answered_ns <= first]
         must = [
-            read.waiting
-            for read in reads
-            if sent + margin <= read.sent_ns and read.answered_ns <= first - margin
+            read.waiting for read in reads if record_sent <= read.sent_ns and read.answered_ns <= record_first
         ]
         if seen is not None:
             assert may, "stamped without a read inside the call's wait"
@@ -573,27 +588,6 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
     )
 
 
-def wait_for_running(server: VLLMServer, count: int, timeout: float = 120.0) -> None:
-    """Until vLLM's own page says `count` requests run. On a loaded machine its front end answers late (or
-    not within a read's 5 s): the test waits as long as that takes, a read that fails is tried again."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            families = text_string_to_metric_families(server.metrics_page())
-            running = sum(
-                sample.value
-                for family in families
-                if family.name == names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING
-                for sample in family.samples
-            )
-            if running >= count:
-                return
-        except (OSError, RuntimeError):
-            pass
-        assert time.monotonic() < deadline, f"vLLM never ran {count} requests at once"
-        time.sleep(0.05)
-
-
 # Tokens of a long call: the model's 512 minus the prompt's 19 and room to spare. The tiny model never
 # stops early (each call makes all of them), so its length is the engine's work, not the model's whim.
 LONG = 480
@@ -605,9 +599,9 @@ def test_the_pressure_signals_under_sustained_load(
 ) -> None:
     """Ten short calls one after another, then ten callers of a long call on a server that runs two at a
     time (not streamed: vLLM's front end, which competes for the CPU with its engine, then has little to
-    do). The queue is built, not hoped for: two callers go first and the other eight are sent together
-    once vLLM's own page says those two run, each 480 tokens long, so the eight queue in its engine
-    however slowly its front end hands them over (at double load it was the bottleneck when all ten were
+    do). The queue is built, not hoped for: two callers go first (streamed, to be seen running) and the
+    other eight are sent together once both have their first token, each call 480 tokens long, so the
+    eight queue in its engine however slowly its front end hands them over (at double load it was the bottleneck when all ten were
     sent at once: its queue held 0.13 requests on average). No call sees more than the eight the other
     callers can have waiting, none more than two running. vLLM's own spans say how long its queue held
     the calls (at least 1.5 on average over the time its front end had them); the report reads the
@@ -618,23 +612,38 @@ def test_the_pressure_signals_under_sustained_load(
     for _ in range(10):
         ask(client, real_vllm.model, stream=True, max_tokens=8)
     callers, first = 10, real_vllm.max_num_seqs
+    running = threading.Semaphore(0)  # a first caller's first token: it runs in vLLM's engine
     together = threading.Barrier(callers - first)
 
-    def caller(wait: bool) -> None:
-        if wait:
-            together.wait(60)
+    def first_caller() -> None:
+        try:
+            stream = client.chat.completions.create(
+                model=real_vllm.model, messages=PROMPT, stream=True, max_tokens=LONG
+            )
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    break
+        finally:
+            running.release()
+        for _ in stream:
+            pass
+
+    def caller() -> None:
+        together.wait(60)
         ask(client, real_vllm.model, stream=False, max_tokens=LONG)
 
-    threads = [threading.Thread(target=caller, args=(index >= first,)) for index in range(callers)]
+    threads = [threading.Thread(target=first_caller) for _ in range(first)]
+    threads += [threading.Thread(target=caller) for _ in range(callers - first)]
     try:
         for thread in threads[:first]:
             thread.start()
-        wait_for_running(real_vllm, first)
+        for _ in range(first):  # both stream: the engine's batch is full for their 480 tokens
+            running.acquire(timeout=120)
         for thread in threads[first:]:
             thread.start()
     finally:
         for thread in threads:
-            if thread.is_alive() or thread.ident is not None:
+            if thread.ident is not None:
                 thread.join(600)
         sampler.close()
     spans = sorted(call_spans(captured), key=lambda span: span.start_time)
