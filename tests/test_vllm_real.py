@@ -497,11 +497,11 @@ def test_the_sdk_closes_each_stream_before_its_end_and_llmspans_adds_no_churn(
 # --- pressure ------------------------------------------------------------------------------------------
 
 
-def busy_server_sampler(server: VLLMServer) -> ServerMetrics:
+def busy_server_sampler(server: VLLMServer, timeout: float = 2.0) -> ServerMetrics:
     """The sampler `server_metrics=True` makes, but with 2 s for each phase of a read instead of 0.5 s: on
     a 2-core machine that also runs the test and the other callers, vLLM's front end, busy streaming, can
     take longer than that to answer `/metrics`, and a read that times out stamps nothing new."""
-    sampler = ServerMetrics(server.base_url, timeout=2.0)
+    sampler = ServerMetrics(server.base_url, timeout=timeout)
     assert sampler.wait_for_sample(10.0)
     return sampler
 
@@ -573,6 +573,27 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
     )
 
 
+def wait_for_running(server: VLLMServer, count: int, callers: list[threading.Thread]) -> bool:
+    """Whether vLLM's own page said `count` requests run while `callers` still waited for their answers.
+    Its front end may answer late (or not within a read's 5 s): a read that fails is tried again, until
+    the callers are answered."""
+    while any(caller.is_alive() for caller in callers):
+        try:
+            families = text_string_to_metric_families(server.metrics_page())
+            running = sum(
+                sample.value
+                for family in families
+                if family.name == names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING
+                for sample in family.samples
+            )
+            if running >= count:
+                return True
+        except (OSError, RuntimeError):
+            pass
+        time.sleep(0.05)
+    return False
+
+
 # Tokens of a long call: the model's 512 minus the prompt's 19 and room to spare. The tiny model never
 # stops early (each call makes all of them), so its length is the engine's work, not the model's whim.
 LONG = 480
@@ -584,46 +605,35 @@ def test_the_pressure_signals_under_sustained_load(
 ) -> None:
     """Ten short calls one after another, then ten callers of a long call on a server that runs two at a
     time (not streamed: vLLM's front end, which competes for the CPU with its engine, then has little to
-    do). The queue is built, not hoped for: two callers go first (streamed, to be seen running) and the
-    other eight are sent together once both have their first token, each call 480 tokens long, so the
-    eight queue in its engine however slowly its front end hands them over (at double load it was the bottleneck when all ten were
+    do). The queue is built, not hoped for: two callers go first and the other eight are sent together
+    once vLLM's own page says those two run, each call 480 tokens long, so the eight queue in its engine
+    however slowly its front end hands them over (at double load it was the bottleneck when all ten were
     sent at once: its queue held 0.13 requests on average). No call sees more than the eight the other
     callers can have waiting, none more than two running. vLLM's own spans say how long its queue held
     the calls (at least 1.5 on average over the time its front end had them); the report reads the
     waiting requests rising by at least one between the earlier and the later half of the calls, while
-    the client's own queue stayed empty, and says the queue is on the server."""
-    sampler = busy_server_sampler(real_vllm)
+    the client's own queue stayed empty, and says the queue is on the server. The sampler waits up to 10 s
+    for each phase of a read: at double load vLLM's front end answered `/metrics` after more than 2 s
+    while its engine's queue was full, and reads that time out left every call the idle page from before."""
+    sampler = busy_server_sampler(real_vllm, timeout=10.0)
     client = client_for(real_vllm, server_metrics=sampler)
     for _ in range(10):
         ask(client, real_vllm.model, stream=True, max_tokens=8)
     callers, first = 10, real_vllm.max_num_seqs
-    running = threading.Semaphore(0)  # a first caller's first token: it runs in vLLM's engine
     together = threading.Barrier(callers - first)
 
-    def first_caller() -> None:
-        try:
-            stream = client.chat.completions.create(
-                model=real_vllm.model, messages=PROMPT, stream=True, max_tokens=LONG
-            )
-            for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    break
-        finally:
-            running.release()
-        for _ in stream:
-            pass
-
-    def caller() -> None:
-        together.wait(60)
+    def caller(wait: bool) -> None:
+        if wait:
+            together.wait(60)
         ask(client, real_vllm.model, stream=False, max_tokens=LONG)
 
-    threads = [threading.Thread(target=first_caller) for _ in range(first)]
-    threads += [threading.Thread(target=caller) for _ in range(callers - first)]
+    threads = [threading.Thread(target=caller, args=(index >= first,)) for index in range(callers)]
     try:
         for thread in threads[:first]:
             thread.start()
-        for _ in range(first):  # both stream: the engine's batch is full for their 480 tokens
-            running.acquire(timeout=120)
+        # Not seen (a front end too starved to answer in time): the eight go anyway, and vLLM's spans
+        # below say whether they queued.
+        full = wait_for_running(real_vllm, first, threads[:first])
         for thread in threads[first:]:
             thread.start()
     finally:
@@ -637,7 +647,7 @@ def test_the_pressure_signals_under_sustained_load(
     loaded = [found[trace_hex(span)] for span in spans[10:]]
     queued = sum(span.attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] for span in loaded)
     lasted = (max(span.end_ns for span in loaded) - min(span.start_ns for span in loaded)) / 1e9
-    assert queued / lasted >= 1.5, f"vLLM's queue held {queued / lasted:.2f} requests on average"
+    assert queued / lasted >= 1.5, f"vLLM's queue held {queued / lasted:.2f} requests on average ({full=})"
     for span in spans:
         assert span.attributes[names.VLLM_NUM_REQUESTS_RUNNING] <= real_vllm.max_num_seqs
         assert span.attributes.get(names.VLLM_NUM_REQUESTS_WAITING_MAX, 0) <= callers - real_vllm.max_num_seqs
@@ -648,7 +658,7 @@ def test_the_pressure_signals_under_sustained_load(
     assert any("the queue is on the server" in note for note in report["triage"]["notes"]), report["triage"]
     print(
         f"\nreal vLLM under load: vLLM's queue held {queued / lasted:.1f} on average; the calls saw waiting "
-        f"{pressure['waiting_before']:.1f} -> {pressure['waiting_after']:.1f}"
+        f"{pressure['waiting_before']:.1f} -> {pressure['waiting_after']:.1f}; batch seen full first: {full}"
     )
 
 
