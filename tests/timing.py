@@ -25,9 +25,10 @@ def retried(test: Any, attempt: int, error: AssertionError) -> None:
     """Say so when a run is retried (shown with `-s` or in a failure's captured output): a test that
     passes only on its second run is worth knowing about."""
     first_line = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-    # stderr: a test may read its own stdout (capsys) for what it checks
+    # The process's own stderr: a test may capture and read its own output (capsys) for what it checks.
     print(
-        f"\n[retry_timing] {test.__name__}: run {attempt + 1} failed, retried: {first_line}", file=sys.stderr
+        f"\n[retry_timing] {test.__name__}: run {attempt + 1} failed, retried: {first_line}",
+        file=sys.__stderr__ or sys.stderr,
     )
 
 
