@@ -63,18 +63,34 @@ async def wait_until_async(predicate: Callable[[], bool], timeout: float = 2.0) 
 
 
 class InFlightSampler:
-    """Samples `limiter.in_flight` from its own thread every millisecond."""
+    """Samples `limiter.in_flight` from its own thread every millisecond.
+
+    It also keeps how late each of its own wake-ups came (past the millisecond it asked for): what
+    the machine did to a thread that wanted to run during the test. A loaded machine delays a
+    waiter's wake-up the same way; the test can see that delay only here."""
 
     def __init__(self, limiter: Limiter) -> None:
         self.limiter = limiter
         self.highest = 0
         self.samples = 0
+        self.late_worst_s = 0.0
+        self._late_total_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    @property
+    def late_mean_s(self) -> float:
+        return self._late_total_s / self.samples if self.samples else 0.0
+
     def _run(self) -> None:
+        before = time.perf_counter_ns()
         while not self._stop.wait(0.001):
+            now = time.perf_counter_ns()
+            late = max(0.0, (now - before) * NS - 0.001)
+            before = now
+            self.late_worst_s = max(self.late_worst_s, late)
+            self._late_total_s += late
             self.highest = max(self.highest, self.limiter.in_flight)
             self.samples += 1
 
@@ -83,14 +99,14 @@ class InFlightSampler:
         self._thread.join()
 
 
-def nominal_waits(queued_ns: list[int], cap: int, hold: float) -> list[float]:
-    """The waits of an ideal FIFO limiter for callers arriving at `queued_ns` that each hold `hold`.
+def nominal_waits(queued_ns: list[int], cap: int, holds: list[float]) -> list[float]:
+    """The waits of an ideal FIFO limiter for callers arriving at `queued_ns`, caller k holding `holds[k]`.
 
-    With simultaneous arrivals and cap 2 this is floor(k/2)·hold for worker k.
+    With simultaneous arrivals, cap 2 and equal holds this is floor(k/2)·hold for worker k.
     """
     frees: list[float] = []  # when each slot frees up
     waits = []
-    for arrival in (q * NS for q in queued_ns):
+    for arrival, hold in zip((q * NS for q in queued_ns), holds, strict=True):
         if len(frees) < cap:
             start = arrival
         else:
@@ -102,13 +118,25 @@ def nominal_waits(queued_ns: list[int], cap: int, hold: float) -> list[float]:
 
 
 def check_schedule(
-    admissions: dict[int, Admission], released_ns: dict[int, int], cap: int, hold: float
+    admissions: dict[int, Admission],
+    released_ns: dict[int, int],
+    cap: int,
+    hold: float,
+    *,
+    machine: InFlightSampler | None = None,
+    observed_holds: bool = False,
 ) -> dict[str, float]:
     """FIFO grants, admissions right at the releases that freed them, waits on the nominal schedule.
 
     The FIFO guarantee is on the grant: slots go out in arrival order. Two waiters granted
     within a wake-up latency of each other (a thread and a task on another loop, say) may
     resume in either order, so resumption is checked for promptness, not order.
+
+    `machine`: the sampler that watched the run; how late its own wake-ups came is added to what a
+    hand-over may take (a waiter's wake-up is delayed as much on a loaded machine), on an idle
+    machine next to nothing. `observed_holds`: the schedule is replayed with each caller's own hold
+    (release minus admission) instead of `hold`, for tests whose first holders waited for the
+    others to arrive before holding; then every hold must have lasted at least `hold`.
     """
     n = len(admissions)
     arrival = sorted(admissions, key=lambda k: admissions[k].queued_ns)
@@ -117,21 +145,35 @@ def check_schedule(
     releases = sorted(released_ns.values())
     # Every caller arrived before the first release, so caller k took the slot of release k - cap.
     assert max(a.queued_ns for a in admissions.values()) < releases[0]
+    late_worst = machine.late_worst_s if machine is not None else 0.0
+    late_mean = machine.late_mean_s if machine is not None else 0.0
     handovers = [(admissions[k].admitted_ns - releases[k - cap]) * NS for k in range(cap, n)]
-    assert all(-1e-4 < h < HANDOVER_WORST for h in handovers), handovers
-    assert sum(handovers) / len(handovers) < HANDOVER, handovers
+    assert all(-1e-4 < h < HANDOVER_WORST + late_worst for h in handovers), (handovers, late_worst)
+    assert sum(handovers) / len(handovers) < HANDOVER + late_mean, (handovers, late_mean)
     waits = [admissions[k].wait_s for k in range(n)]
-    nominal = nominal_waits([admissions[k].queued_ns for k in range(n)], cap, hold)
+    if observed_holds:
+        holds = [(released_ns[k] - admissions[k].admitted_ns) * NS for k in range(n)]
+        assert min(holds) >= hold, holds
+    else:
+        holds = [hold] * n
+    nominal = nominal_waits([admissions[k].queued_ns for k in range(n)], cap, holds)
     errors = [abs(w - e) for w, e in zip(waits, nominal, strict=True)]
-    assert max(errors) < SCHEDULE_WORST, (waits, nominal)
-    assert sum(errors) / n < SCHEDULE, (waits, nominal)
+    # Caller k's wait carries the wake-ups of the k // cap hand-overs before its own.
+    assert all(e < SCHEDULE_WORST + (k // cap) * late_worst for k, e in enumerate(errors)), (
+        waits,
+        nominal,
+        late_worst,
+    )
+    assert sum(errors) / n < SCHEDULE + (n // cap) * late_mean, (waits, nominal, late_mean)
     return {
         "max_handover_ms": max(handovers) * 1e3,
         "max_wait_error_vs_nominal_ms": max(errors) * 1e3,
-        "max_wait_error_vs_floor_k_over_2_hold_ms": max(
-            abs(w - (k // cap) * hold) for k, w in enumerate(waits)
-        )
-        * 1e3,
+        # With observed holds the first holders' waits for the others' arrival are in the schedule.
+        "max_wait_error_vs_floor_k_over_2_hold_ms": float("nan")
+        if observed_holds
+        else max(abs(w - (k // cap) * hold) for k, w in enumerate(waits)) * 1e3,
+        "machine_late_worst_ms": late_worst * 1e3,
+        "machine_late_mean_ms": late_mean * 1e3,
     }
 
 
@@ -223,25 +265,41 @@ async def test_tasks_cap_two_six_workers_fifo_waits_and_stats() -> None:
 
 
 async def test_mixed_threads_and_two_event_loops_share_one_fifo() -> None:
+    """Threads, tasks on this loop and tasks on another loop queue in one FIFO. Each arrives once the
+    one before it is observably inside or queued, and the two first admitted hold their slots only once
+    all nine are queued: the order of arrival and of the releases is the test's, whatever the load.
+    Each grant happens inside the release that freed it and each admission is stamped when its
+    caller resumed (orderings the test stamps around); how soon after is bounded by the machine's own
+    wake-ups, as the sampler saw them."""
     hold = 0.05
     limiter = Limiter(2, name="mixed")
     admissions: dict[int, Admission] = {}
-    released_ns: dict[int, int] = {}
+    released_ns: dict[int, int] = {}  # just before the release
+    returned_ns: dict[int, int] = {}  # just after it
+    entered_ns: dict[int, int] = {}  # the worker's first step inside its slot
+    all_queued = threading.Event()
     other_loop = asyncio.new_event_loop()
     other_thread = threading.Thread(target=other_loop.run_forever, daemon=True)
     other_thread.start()
 
     def thread_worker(k: int) -> None:
         with limiter as admission:
+            entered_ns[k] = time.perf_counter_ns()
             admissions[k] = admission
+            all_queued.wait(5)
             time.sleep(hold)
             released_ns[k] = time.perf_counter_ns()
+        returned_ns[k] = time.perf_counter_ns()
 
     async def task_worker(k: int) -> None:
         async with limiter as admission:
+            entered_ns[k] = time.perf_counter_ns()
             admissions[k] = admission
+            if not all_queued.is_set():  # only the first holders: the test sets it once all are queued
+                await asyncio.to_thread(all_queued.wait, 5)
             await asyncio.sleep(hold)
             released_ns[k] = time.perf_counter_ns()
+        returned_ns[k] = time.perf_counter_ns()
 
     sampler = InFlightSampler(limiter)
     waiting_for: list[asyncio.Future[None] | Future[None] | threading.Thread] = []
@@ -256,6 +314,8 @@ async def test_mixed_threads_and_two_event_loops_share_one_fifo() -> None:
             else:
                 waiting_for.append(asyncio.run_coroutine_threadsafe(task_worker(k), other_loop))
             await wait_until_async(lambda: limiter.in_flight + limiter.queue_depth == len(waiting_for))
+        assert (limiter.in_flight, limiter.queue_depth) == (2, 7)
+        all_queued.set()
         for item in waiting_for:
             if isinstance(item, threading.Thread):
                 await asyncio.to_thread(item.join)
@@ -264,6 +324,7 @@ async def test_mixed_threads_and_two_event_loops_share_one_fifo() -> None:
             else:
                 await item
     finally:
+        all_queued.set()
         other_loop.call_soon_threadsafe(other_loop.stop)
         other_thread.join()
         other_loop.close()
@@ -271,7 +332,17 @@ async def test_mixed_threads_and_two_event_loops_share_one_fifo() -> None:
     stats = limiter.stats()
 
     assert sampler.highest <= 2
-    figures = check_schedule(admissions, released_ns, 2, hold)
+    # Each grant falls inside a release that freed a slot, a different release each (two releases may
+    # overlap: the earliest-returning one that holds the grant takes it), and each admission is
+    # stamped when its caller resumed.
+    unused = set(released_ns)
+    for k in range(2, 9):
+        granted = admissions[k].granted_ns
+        holding = [j for j in unused if released_ns[j] <= granted <= returned_ns[j]]
+        assert holding, (k, "granted outside every release")
+        unused.remove(min(holding, key=lambda j: returned_ns[j]))
+        assert granted <= admissions[k].admitted_ns <= entered_ns[k]
+    figures = check_schedule(admissions, released_ns, 2, hold, machine=sampler, observed_holds=True)
     assert stats.admitted == 9
     assert stats.gap_fraction * stats.window_s <= handovers_s(admissions.values()) + 0.001
     report("mixed threads + 2 loops cap=2 x9 hold=50ms", **figures, gap_fraction=stats.gap_fraction)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import sys
 import time
 from typing import Any
 
@@ -18,6 +19,17 @@ from llmspans.testing import Captured
 # own work (building the request before it leaves, which first_token and retry include by
 # design) from the server's figure up to CLIENT_SIDE more. And with the delays the server was
 # told to use within TOLERANCE (a loaded 2-core box oversleeps; its stamps show by how much).
+
+
+def retried(test: Any, attempt: int, error: AssertionError) -> None:
+    """Say so when a run is retried (shown with `-s` or in a failure's captured output): a test that
+    passes only on its second run is worth knowing about."""
+    first_line = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+    # The process's own stderr: a test may capture and read its own output (capsys) for what it checks.
+    print(
+        f"\n[retry_timing] {test.__name__}: run {attempt + 1} failed, retried: {first_line}",
+        file=sys.__stderr__ or sys.stderr,
+    )
 
 
 def retry_timing(test: Any) -> Any:
@@ -37,9 +49,10 @@ def retry_timing(test: Any) -> Any:
             for attempt in range(3):
                 try:
                     return await test(*args, **kwargs)
-                except AssertionError:
+                except AssertionError as error:
                     if attempt == 2:
                         raise
+                    retried(test, attempt, error)
                     reset(kwargs)
 
         return async_wrapper
@@ -49,9 +62,10 @@ def retry_timing(test: Any) -> Any:
         for attempt in range(3):
             try:
                 return test(*args, **kwargs)
-            except AssertionError:
+            except AssertionError as error:
                 if attempt == 2:
                     raise
+                retried(test, attempt, error)
                 reset(kwargs)
 
     return wrapper
