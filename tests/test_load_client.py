@@ -9,18 +9,12 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx2
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
 
 from llmspans import _names as names
-from llmspans import _telemetry
 from llmspans.load import _host
 from llmspans.load._host import LoopLag, inflated, shared_host, sharing
 from llmspans.load._http import LeanTransport
@@ -29,20 +23,7 @@ from llmspans.load._plain import content_of, content_of_bytes
 from llmspans.load._runner import Runner, RunOutcome
 from llmspans.load._workload import Plan, Workload, parse_levels
 from llmspans.tools.simulator import Behavior, SimulatedServer
-
-
-@contextmanager
-def providers() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    meter_provider = MeterProvider()
-    try:
-        with _telemetry.use_providers(tracer_provider, meter_provider):
-            yield tracer_provider, exporter
-    finally:
-        tracer_provider.shutdown()
-        meter_provider.shutdown()
+from tests.test_load import providers  # the load tests' own providers, one place
 
 
 async def _run(
