@@ -299,6 +299,7 @@ class _AttemptScope:
 
 _W3C = TraceContextTextMapPropagator()
 _OTEL_PROPAGATE = propagate
+_OTEL_INJECT = propagate.inject  # replaced (an app's or a tool's wrapper): theirs runs, never the shortcut
 _default_textmap: Any = None  # the global propagator, once found to be OpenTelemetry's default pair
 
 
@@ -312,6 +313,7 @@ def _inject(headers: Any, context: Context, w3c_too: bool) -> None:
     span = context.get(_SPAN_KEY)
     if (
         propagate is _OTEL_PROPAGATE
+        and propagate.inject is _OTEL_INJECT
         and isinstance(span, Span)
         and context.get(_BAGGAGE_KEY) is None
         and ((textmap := propagate.get_global_textmap()) is _default_textmap or _is_default_pair(textmap))
