@@ -372,7 +372,13 @@ def test_vllms_own_histograms_give_bounds_where_the_bucket_is_wider_than_the_fig
         assert {"quantile": "p95", "lower": 0.0, "upper": 0.3} in histograms[part]["bounds"]
     (prefill,) = [line for line in text.splitlines() if line.startswith("  prefill")]
     assert prefill.split()[2:5] == ["≤", "300", "ms"]
-    assert "≤ X: the quantile falls in the histogram's first bucket (from 0)" in " ".join(text.split())
+    # The note under the table: its wording says "first bucket" only when every bound of every part is one
+    # (a busy machine can push a decode or e2e quantile past 0.3 s, into a wider bucket of its own).
+    note = " ".join(text.split())
+    assert "≤ X: the quantile falls in the histogram's first bucket (from 0)" in note or (
+        "≤ X: the quantile falls in a histogram bucket wider than the figure itself (the first bucket, from 0, "
+        "always is)" in note
+    )
     assert "<td>prefill</td>" in page.read_text()
     assert '<td data-bound="0.300000">≤ 300 ms (first bucket)</td>' in page.read_text()
 
