@@ -92,14 +92,7 @@ class LeanTransport(httpx2.AsyncBaseTransport):
                 raise httpx2.ConnectTimeout("no connection within the request's timeout", request=request)
             connection.writer.write(_head(request) + _body(request))
             status, headers, rest = await _read_head(connection.reader)
-        except asyncio.CancelledError:
-            timer.cancel()
-            if connection is not None:
-                self._drop(connection)
-            if deadline.expired:
-                raise httpx2.ReadTimeout("no answer within the request's timeout", request=request) from None
-            raise
-        except httpx2.HTTPError:
+        except (asyncio.CancelledError, httpx2.HTTPError):  # the deadline's cancel, or the client's own error
             timer.cancel()
             if connection is not None:
                 self._drop(connection)
