@@ -354,7 +354,7 @@ class OpenAIInstrumentation:
     def _begin(self, options: Any, sinks: _telemetry.Sinks | None) -> tuple[_Reading, Any] | None:
         """Open the call for one request (None: not an LLM call, or llmspans failed and stands aside)."""
         try:
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.OPENAI_BEGIN)
             return self._open(options, sinks)
         except Deliberate:  # a prompt cap refusing the call: the app's to see
@@ -410,7 +410,7 @@ class OpenAIInstrumentation:
         """The object to hand the caller: a stream proxy, a raw-response proxy, or the result itself;
         None when llmspans failed (the caller then gets the SDK's object)."""
         try:
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.OPENAI_RESULT)
             if isinstance(result, self._stream_types):
                 proxy: type[Any] = (

@@ -8,12 +8,11 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmspans import _openai_wire, _transport
+from llmspans import _internals, _openai_wire, _transport
 from llmspans import _sites as sites
 from llmspans._adapters.openai_sdk import original_request, raw_mode, reasoning_in
 from llmspans._call import CallRecord
 from llmspans._guard import guarded
-from llmspans._hedge.copies import HedgeCopy
 from llmspans._hedge.policy import Hedge, check_client, eligible, is_async
 from llmspans._hedge.race import Race
 from llmspans._limiter import Limiter
@@ -28,17 +27,16 @@ class Hedging:
         self.is_async = is_async(type(client))
         backup = hedge.backup
         if backup is not None and backup is not client:
-            # The backup's copies are observed by its transport as the primary's are (it records nothing of
-            # the backup's own calls, which have no call of ours around them), and a sync one can be stopped.
-            _transport.install(backup._client)
-            if not self.is_async:
-                watch_requests(backup)
+            # The backup's copies are watched by its transport as the primary's are (it records nothing of the
+            # backup's own calls, which have no call of ours around them): that is how a sync one is stopped.
+            http_client = _internals.openai_http_client(backup)
+            if http_client is not None:
+                _transport.install(http_client)
 
     def sender(self, client: Any, send: Callable[..., Any], limiter: Limiter | None) -> Callable[..., Any]:
         """What the adapter of `client` sends a call with, in place of `send` (the SDK's own request)."""
         if self.is_async:
             return functools.partial(_send_async, self, client, send, limiter)
-        watch_requests(client)
         return functools.partial(_send_sync, self, client, send, limiter)
 
     @guarded(sites.HEDGE_BEGIN, None)
@@ -101,22 +99,6 @@ async def _send_async(
     if race is None:
         return await send(*args, **kwargs)
     return await race.run_async()
-
-
-def watch_requests(client: Any) -> None:
-    """Let a sync client's copies be stopped: each request a copy sends gets its trace hook (`watch`),
-    through the SDK's own hook for amending a request once built."""
-    if client.__dict__.get("_prepare_request") is not None:
-        return
-    original = client._prepare_request
-
-    def prepare(request: Any) -> None:
-        original(request)
-        copy = _transport.active_call.get()
-        if type(copy) is HedgeCopy:
-            copy.prepared(request)
-
-    client._prepare_request = prepare
 
 
 # --- what an SDK item says ------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from llmspans._budget import seconds
 from llmspans._call import CallRecord
 from llmspans._guard import guarded, report, swallow
 from llmspans._hedge.alarms import Alarm, alarms
-from llmspans._hedge.copies import HedgeCancelled, HedgeCopy, ReadAhead
+from llmspans._hedge.copies import Copy, HedgeCancelled, ReadAhead
 from llmspans._hedge.policy import Hedge
 from llmspans._hedge.replay import AsyncReplay, SyncReplay
 from llmspans._limiter import Limiter, LimiterTimeout
@@ -36,8 +36,8 @@ _KEPT = 256
 
 
 class Race:
-    """One hedged call: its copies, which won, and what it cost. It is also the call's lever
-    (`CallRecord.lever`): once the call is written, `finished` adds the hedge's attributes and metrics.
+    """One hedged call: its copies, which won, and what it cost. It is also one of the call's levers
+    (`_call.Lever`): once the call is written, `finished` adds the hedge's attributes and metrics.
 
     `send` sends the primary (the client's own request); `backup_send()` says what sends the backup, asked
     only when it is sent."""
@@ -60,25 +60,25 @@ class Race:
         model = body.get("model")
         self.model = model if isinstance(model, str) else None
         self.lock = threading.Lock()
-        self.winner: HedgeCopy | None = None
+        self.winner: Copy | None = None
         self.closed = False  # no backup may be sent any more
         self.skipped: str | None = None
         self.fired_ns: int | None = None  # when the backup really left (its thread or task started)
-        self.backup: HedgeCopy | None = None
+        self.backup: Copy | None = None
         self.backup_done: threading.Event | None = None  # a sync backup's end (made with the backup)
         self.backup_outcome: tuple[Any, BaseException | None] = (None, None)
         self.context: contextvars.Context | None = None  # the app's, for a sync backup's thread
         self.alarm: Alarm | None = None
         self.after_ns = hedge.after_ns(self.model)
-        self.primary = HedgeCopy(self, names.HEDGE_ROLE_PRIMARY)
-        call.attempts = self.primary.attempts  # the call's until a backup wins
-        self.previous = call.lever
-        call.lever = self
+        self.primary = Copy(
+            self, names.HEDGE_ROLE_PRIMARY, call.attempts
+        )  # the call's own, until a backup wins
+        call.levers += (self,)
         self.started_ns = time.perf_counter_ns()
 
     # --- deciding ---
 
-    def claim(self, copy: HedgeCopy, at_ns: int) -> bool:
+    def claim(self, copy: Copy, at_ns: int) -> bool:
         """`copy` got there first, unless another did: it wins, and the other is stopped."""
         with self.lock:
             if self.winner is not None or copy.cancelled:
@@ -117,7 +117,7 @@ class Race:
         except LimiterTimeout:
             return False
 
-    def _fire(self) -> HedgeCopy | None:
+    def _fire(self) -> Copy | None:
         """Make the backup copy if the call still needs one (the caller sends it); None otherwise."""
         with self.lock:
             if self.closed or self.backup is not None:
@@ -127,7 +127,7 @@ class Race:
                 self.closed = True
                 self.skipped = names.HEDGE_SKIPPED_LIMITER
                 return None
-            backup = self.backup = HedgeCopy(self, names.HEDGE_ROLE_BACKUP)
+            backup = self.backup = Copy(self, names.HEDGE_ROLE_BACKUP, [])
             self.backup_done = threading.Event()
             if admission is not None:
                 backup.release = admission.release
@@ -149,7 +149,7 @@ class Race:
                     names.EVENT_HEDGE, {names.ELAPSED: seconds(at_ns - call.queued_ns)}, call.wall_ns(at_ns)
                 )
 
-    def _not_launched(self, backup: HedgeCopy, error: BaseException) -> None:
+    def _not_launched(self, backup: Copy, error: BaseException) -> None:
         """No thread or task to be had: the backup never left, the primary goes on alone."""
         with self.lock:
             self.backup_outcome = (None, error)
@@ -158,7 +158,7 @@ class Race:
             self.backup_done.set()  # a primary that fails must not wait for it
 
     @staticmethod
-    def _release(copy: HedgeCopy) -> None:
+    def _release(copy: Copy) -> None:
         """A copy that stopped gives back its limiter slot, if it holds one the call does not."""
         release, copy.release = copy.release, None
         if release is not None:
@@ -200,9 +200,8 @@ class Race:
         _discard(result)
         return self._backup_result()
 
-    def _run_copy_sync(self, copy: HedgeCopy, send: Callable[..., Any]) -> Any:
+    def _run_copy_sync(self, copy: Copy, send: Callable[..., Any]) -> Any:
         token = _transport.active_call.set(copy)
-        copy.thread = threading.get_ident()
         copy.launched_ns = time.perf_counter_ns()
         try:
             result = send(*self.args, **self.kwargs)
@@ -234,7 +233,7 @@ class Race:
             raise
         self._launched(now)
 
-    def _run_backup_sync(self, backup: HedgeCopy) -> None:
+    def _run_backup_sync(self, backup: Copy) -> None:
         outcome: tuple[Any, BaseException | None]
         try:
             outcome = (self._run_copy_sync(backup, self.backup_send()), None)
@@ -333,7 +332,7 @@ class Race:
         _discard(result)
         return await self._backup_result_async()
 
-    async def _run_primary_async(self, primary: HedgeCopy) -> Any:
+    async def _run_primary_async(self, primary: Copy) -> Any:
         token = _transport.active_call.set(primary)
         primary.launched_ns = time.perf_counter_ns()
         primary.running = True  # `interrupt` cancels the caller's task only while it runs the primary
@@ -370,7 +369,7 @@ class Race:
             return
         self._launched(now)
 
-    async def _run_copy_async(self, copy: HedgeCopy, send: Callable[..., Any]) -> Any:
+    async def _run_copy_async(self, copy: Copy, send: Callable[..., Any]) -> Any:
         _transport.active_call.set(copy)  # this task's own context
         copy.launched_ns = time.perf_counter_ns()
         result = await send(*self.args, **self.kwargs)
@@ -380,7 +379,7 @@ class Race:
             copy.reach(time.perf_counter_ns())
         return result
 
-    async def _stop_async(self, loser: HedgeCopy) -> None:
+    async def _stop_async(self, loser: Copy) -> None:
         """Stop a losing backup and wait until it is closed (before the caller goes on); a whole answer it
         got in a tie says what it cost."""
         loser.interrupt()
@@ -448,7 +447,7 @@ class Race:
 
     # --- the answer ---
 
-    def _hand_over(self, copy: HedgeCopy, result: Any) -> Any:
+    def _hand_over(self, copy: Copy, result: Any) -> Any:
         # The race lives as long as the HTTP pool holds a copy's request (until its response is closed): it
         # must not hold the answer, or an answer the app drops unclosed is never collected, and its
         # connection never closed, as it is without a hedge.
@@ -456,23 +455,21 @@ class Race:
         copy.task = None  # a finished task holds its result
         if isinstance(result, ReadAhead):
             replay = AsyncReplay if self.is_async else SyncReplay
-            return replay(result.stream, self.call, copy, collections.deque(result.buffered))
+            return replay(result.stream, copy.attempts[-1], collections.deque(result.buffered))
         return result
 
     # --- the lever: what the call span and the metrics say ---
 
     def finished(self, record: CallRecord, outcome: str, duration_ns: int) -> None:
         self._write(record)
-        previous = self.previous
-        # The call is written: what tied it and the copies' answers into cycles goes (see `HedgeCopy.race`).
-        record.lever = previous
+        # The call is written: what tied it and the copies' answers into cycles goes (see `Copy.race`).
+        record.levers = tuple(lever for lever in record.levers if lever is not self)
         self.backup_outcome = (None, None)  # a stopped copy's exception: its traceback's frames hold the race
         for copy in (self.primary, self.backup):
             if copy is not None:
+                copy.control = None
                 for attempt in copy.attempts:
                     attempt.response = None
-        if previous is not None:
-            previous.finished(record, outcome, duration_ns)
 
     @guarded(sites.HEDGE_FINISH, None)
     def _write(self, record: CallRecord) -> None:
@@ -524,15 +521,15 @@ class Race:
             if attempt.span is not None:
                 continue
             with swallow(sites.HEDGE_SPAN):
-                span = _transport._start_attempt_span(record, attempt)
-                attempt.span = span  # its role, and won=False (`CopyAttempt`)
-                if attempt is attempts[-1]:
+                last = attempt is attempts[-1]
+                if last:  # what it did, before its span may end (its role, and won=False, it says already)
+                    extra: dict[str, AttributeValue] = dict(attempt.span_attributes or {})
                     if self.winner is primary:
-                        span.set_attribute(names.HEDGE_WON, True)
+                        extra[names.HEDGE_WON] = True
                     if primary.first_token_s is not None:
-                        span.set_attribute(names.HEDGE_FIRST_TOKEN, primary.first_token_s)
-                if attempt.ended_ns is not None:  # else the transport ends it, as it ends any attempt's
-                    _transport._end_attempt_span(record, attempt, span, None)
+                        extra[names.HEDGE_FIRST_TOKEN] = primary.first_token_s
+                    attempt.span_attributes = extra
+                _transport.span_attempt_after(record, attempt)  # ended now if over, else by the transport
 
     def _input_tokens(self, record: CallRecord, reported_by_loser: int | None) -> int:
         """The loser's prompt: the winner's count, else the loser's own, else an estimate (the prompt cap's,
@@ -541,9 +538,8 @@ class Race:
             return record.input_tokens
         if reported_by_loser is not None:
             return reported_by_loser
-        estimated = getattr(self.previous, "estimated", None)
-        if isinstance(estimated, int):
-            return estimated
+        if record.estimated_input_tokens is not None:  # a prompt cap's
+            return record.estimated_input_tokens
         texts, tokens = _prompt.prompt_pieces(self.body)
         return _prompt.CHARACTERS.count(texts) + tokens
 

@@ -1,0 +1,291 @@
+"""Every reach into another library's private names, in one room.
+
+llmspans goes through public APIs where they exist. Where none does (a speed path, a fork fix, a socket to
+wake), it reaches into a library's internals here and nowhere else: each reach is one name below, written
+next to the versions it was checked on and what llmspans does without it. `REACHES` lists them all, and
+tests/test_internals.py fails, naming the reach and the installed version, when an upgrade moved one. An
+upgrade has this one module to look at.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import baggage as _baggage
+from opentelemetry.trace import propagation as _propagation
+
+
+@dataclass(frozen=True)
+class Reach:
+    """One reach: what it touches, in which distributions, the versions it was checked on, what llmspans does
+    when it is gone, and a probe that says whether it is where it was in what is installed now."""
+
+    name: str
+    distributions: tuple[str, ...]
+    checked: str
+    fallback: str
+    present: Callable[[], bool]
+
+    def installed(self) -> str:
+        """The installed versions of its distributions, as a test's message says them."""
+        found = []
+        for distribution in self.distributions:
+            try:
+                found.append(f"{distribution} {importlib.metadata.version(distribution)}")
+            except importlib.metadata.PackageNotFoundError:
+                found.append(f"{distribution} (not installed)")
+        return ", ".join(found)
+
+
+REACHES: list[Reach] = []
+
+
+def _reach(
+    name: str, distributions: tuple[str, ...], checked: str, fallback: str
+) -> Callable[[Callable[[], bool]], Callable[[], bool]]:
+    def register(probe: Callable[[], bool]) -> Callable[[], bool]:
+        REACHES.append(Reach(name, distributions, checked, fallback, probe))
+        return probe
+
+    return register
+
+
+def _importable(module: str, name: str) -> bool:
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except ImportError:
+        return False
+
+
+# --- opentelemetry-api -------------------------------------------------------------------------------------
+
+# The context keys a span and the baggage are kept under: the transport writes `traceparent` itself with
+# OpenTelemetry's default propagators, reading the context as they do (`_transport._inject`). Without them
+# the shortcut is off and OpenTelemetry's own `inject` writes the headers.
+SPAN_KEY: str = getattr(_propagation, "_SPAN_KEY", "llmspans-unknown-key")
+BAGGAGE_KEY: str = getattr(_baggage, "_BAGGAGE_KEY", "llmspans-unknown-key")
+TRACEPARENT_SHORTCUT = hasattr(_propagation, "_SPAN_KEY") and hasattr(_baggage, "_BAGGAGE_KEY")
+
+
+@_reach(
+    "opentelemetry.trace.propagation._SPAN_KEY, opentelemetry.baggage._BAGGAGE_KEY",
+    ("opentelemetry-api",),
+    checked="1.45.2",
+    fallback="the transport's traceparent shortcut is off: OpenTelemetry's own inject writes every header",
+)
+def _context_keys_present() -> bool:
+    return _importable("opentelemetry.trace.propagation", "_SPAN_KEY") and _importable(
+        "opentelemetry.baggage", "_BAGGAGE_KEY"
+    )
+
+
+def composite_members(textmap: Any) -> list[Any] | None:
+    """The propagators a `CompositePropagator` holds (None when it keeps them elsewhere): the transport's
+    shortcut runs only under the default pair, W3C trace context and baggage."""
+    found = getattr(textmap, "_propagators", None)
+    return found if isinstance(found, list) else None
+
+
+@_reach(
+    "CompositePropagator._propagators",
+    ("opentelemetry-api",),
+    checked="1.45.2",
+    fallback="the transport's traceparent shortcut is off: OpenTelemetry's own inject writes every header",
+)
+def _composite_members_present() -> bool:
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return composite_members(CompositePropagator([TraceContextTextMapPropagator()])) is not None
+
+
+# --- opentelemetry-sdk -------------------------------------------------------------------------------------
+
+
+def span_attributes(span: Any) -> Mapping[str, Any]:
+    """A finished SDK span's attributes as a plain mapping, without the read-only copy `span.attributes`
+    builds per look-up (tail sampling looks at every span that ends). Falls back to `span.attributes`."""
+    attributes = getattr(span, "_attributes", None)
+    if attributes is None:
+        return span.attributes or {}
+    return getattr(attributes, "_dict", attributes)  # type: ignore[no-any-return]
+
+
+@_reach(
+    "ReadableSpan._attributes, BoundedAttributes._dict",
+    ("opentelemetry-sdk",),
+    checked="1.45.2",
+    fallback="tail sampling reads `span.attributes`, a read-only copy per span (slower, the same decisions)",
+)
+def _span_attributes_present() -> bool:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    span = TracerProvider().get_tracer("llmspans-probe").start_span("probe", attributes={"a": 1})
+    span.end()
+    attributes = getattr(span, "_attributes", None)
+    return isinstance(getattr(attributes, "_dict", None), dict)
+
+
+def meter_provider_resource(provider: Any) -> Any:
+    """The resource a `MeterProvider` exports on (after a fork, the child's own); None if not found."""
+    config = getattr(provider, "_sdk_config", None)
+    return getattr(config, "resource", None)
+
+
+def reset_reader_storage(provider: Any, reader: Any) -> bool:
+    """Give `reader` fresh storage in `provider` (no points, start times from now), and a fresh lock to the
+    provider's measurement consumer (a fork during a collection leaves it held). False when the SDK's
+    consumer is not where it was: the child then keeps the SDK's own behaviour."""
+    consumer = getattr(provider, "_measurement_consumer", None)
+    if consumer is None or not hasattr(consumer, "_lock"):
+        return False
+    import threading
+
+    consumer._lock = threading.Lock()
+    consumer.remove_metric_reader(reader)
+    consumer.add_metric_reader(reader)
+    return True
+
+
+@_reach(
+    "MeterProvider._sdk_config, MeterProvider._measurement_consumer (its _lock)",
+    ("opentelemetry-sdk",),
+    checked="1.45.2",
+    fallback="after a fork the child keeps the SDK's metric state (the parent's points), said at DEBUG",
+)
+def _meter_provider_parts_present() -> bool:
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    provider = MeterProvider()
+    consumer = getattr(provider, "_measurement_consumer", None)
+    present = (
+        meter_provider_resource(provider) is not None
+        and hasattr(consumer, "_lock")
+        and callable(getattr(consumer, "remove_metric_reader", None))
+        and callable(getattr(consumer, "add_metric_reader", None))
+    )
+    provider.shutdown()
+    return present
+
+
+# --- httpx, httpx2 -----------------------------------------------------------------------------------------
+
+
+def client_transport(client: Any) -> Any:
+    """The transport an httpx or httpx2 client sends through (None when it keeps it elsewhere): there is no
+    public way to put a wrapper around a client's transport once the client is built."""
+    return getattr(client, "_transport", None)
+
+
+def set_client_transport(client: Any, transport: Any) -> None:
+    client._transport = transport
+
+
+def client_mounts(client: Any) -> dict[Any, Any] | None:
+    """The transports a client mounted per URL pattern (`mounts=`, proxies), wrapped like its own."""
+    mounts = getattr(client, "_mounts", None)
+    return mounts if isinstance(mounts, dict) else None
+
+
+@_reach(
+    "Client._transport, Client._mounts (httpx and httpx2)",
+    ("httpx", "httpx2"),
+    checked="httpx 0.28.1, httpx2 2.16.2",
+    fallback="a client whose transport is not found is left as it is: its calls get their spans from the "
+    "adapter, without attempts, connection timing or traceparent",
+)
+def _client_transport_present() -> bool:
+    present = True
+    for module in ("httpx", "httpx2"):
+        try:
+            library = importlib.import_module(module)
+        except ImportError:
+            continue
+        with library.Client() as client:
+            present = present and client_transport(client) is not None and client_mounts(client) is not None
+    return present
+
+
+# --- httpcore, httpcore2 -----------------------------------------------------------------------------------
+
+
+def http11_network_stream(transport: Any, extensions: Mapping[str, Any]) -> Any:
+    """The network stream of the HTTP/1.1 connection that holds the request whose `extensions` these are,
+    in the pool of `transport` (httpx's or httpx2's `HTTPTransport`), from its placement on a connection to
+    its response's close; None when it holds none now, holds an HTTP/2 connection (shared by other requests:
+    not one to shut down), or the pool keeps its requests elsewhere. httpcore hands a request's trace hook
+    no connection, and the response's `network_stream` extension comes only with its headers."""
+    pool = getattr(transport, "_pool", None)
+    placed = getattr(pool, "_requests", None)
+    if not isinstance(placed, list):
+        return None
+    for pending in list(placed):
+        request = getattr(pending, "request", None)
+        if getattr(request, "extensions", None) is extensions:
+            connection = getattr(getattr(pending, "connection", None), "_connection", None)
+            if type(connection).__name__ != "HTTP11Connection":
+                return None
+            return getattr(connection, "_network_stream", None)
+    return None
+
+
+@_reach(
+    "HTTPTransport._pool, ConnectionPool._requests, HTTPConnection._connection, "
+    "HTTP11Connection._network_stream (httpx/httpcore and httpx2/httpcore2)",
+    ("httpx", "httpcore", "httpx2", "httpcore2"),
+    checked="httpx 0.28.1 with httpcore 1.0.9, httpx2 2.16.2 with httpcore2 2.16.2",
+    fallback="a sync hedge's losing copy is not woken where it waits: it stops at its next trace event, "
+    "or when its answer comes",
+)
+def _http11_network_stream_present() -> bool:
+    present = True
+    for library, core in (("httpx", "httpcore"), ("httpx2", "httpcore2")):
+        try:
+            transport = importlib.import_module(library).HTTPTransport()
+            connection_module = importlib.import_module(f"{core}._sync.connection")
+            http11 = importlib.import_module(f"{core}._sync.http11")
+        except ImportError:
+            continue
+        pool = getattr(transport, "_pool", None)
+        present = (
+            present
+            and isinstance(getattr(pool, "_requests", None), list)
+            and "_connection" in _assigned(connection_module.HTTPConnection.__init__)
+            and "_network_stream" in _assigned(http11.HTTP11Connection.__init__)
+        )
+        transport.close()
+    return present
+
+
+def _assigned(init: Any) -> set[str]:
+    """The attribute names an `__init__` assigns on `self` (its code's names: no instance to build)."""
+    return set(init.__code__.co_names)
+
+
+# --- openai ------------------------------------------------------------------------------------------------
+
+
+def openai_http_client(client: Any) -> Any:
+    """The httpx or httpx2 client an openai client sends through (None when it keeps it elsewhere): the one
+    the transport wraps. There is no public name for it."""
+    return getattr(client, "_client", None)
+
+
+@_reach(
+    "OpenAI._client, AsyncOpenAI._client",
+    ("openai",),
+    checked="openai 3.57.0",
+    fallback="an openai client whose HTTP client is not found is left uninstrumented, with one debug line",
+)
+def _openai_http_client_present() -> bool:
+    try:
+        import openai
+    except ImportError:
+        return True
+    client = openai.OpenAI(api_key="probe", base_url="http://127.0.0.1:9/v1")
+    present = openai_http_client(client) is not None
+    client.close()
+    return present
