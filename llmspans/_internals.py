@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import baggage as _baggage
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import propagation as _propagation
 
 
@@ -167,6 +168,123 @@ def _meter_provider_parts_present() -> bool:
         and callable(getattr(consumer, "remove_metric_reader", None))
         and callable(getattr(consumer, "add_metric_reader", None))
     )
+    provider.shutdown()
+    return present
+
+
+# Held spans (`_held_span`) stand in for `Tracer.start_span` and build the `ReadableSpan` an SDK span would
+# have ended as. Every part of the tracer a span is made from is read here; where one is not where it was,
+# `tracer_is_plain` says no and the tracer's spans stay the SDK's own (as before held spans).
+
+
+def span_processors(multi: Any) -> tuple[Any, ...] | None:
+    """The processors of a provider's `SynchronousMultiSpanProcessor` (a tuple replaced on each add, so
+    its identity says whether they changed); None when they are kept elsewhere."""
+    found = getattr(multi, "_span_processors", None)
+    return found if isinstance(found, tuple) else None
+
+
+def tracer_is_plain(tracer: Any) -> bool:
+    """A tracer a held span can stand in for: enabled by its configurator, without the SDK's own span
+    metrics (`OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED`), with its limits and scope where they were."""
+    try:
+        from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
+    except ImportError:
+        return False
+    config = getattr(tracer, "_tracer_config", None)
+    return (
+        getattr(config, "is_enabled", False) is True
+        and type(getattr(tracer, "_tracer_metrics", None)) is NoOpTracerMetrics
+        and hasattr(tracer, "_span_limits")
+        and hasattr(tracer, "_instrumentation_scope")
+    )
+
+
+def span_limits(tracer: Any) -> Any:
+    """The `SpanLimits` the tracer's spans are made under."""
+    return tracer._span_limits
+
+
+def instrumentation_scope(tracer: Any) -> Any:
+    return tracer._instrumentation_scope
+
+
+def static_decision(sampler: Any) -> Decision:
+    """The one decision of a `StaticSampler` (ALWAYS_ON, ALWAYS_OFF)."""
+    decision: Decision = sampler._decision
+    return decision
+
+
+def parent_based_delegates(sampler: Any) -> tuple[Any, ...] | None:
+    """A `ParentBased` sampler's delegates: root, remote parent sampled / not, local parent sampled / not;
+    None when they are kept elsewhere (the sampler is then asked itself)."""
+    try:
+        return (
+            sampler._root, sampler._remote_parent_sampled, sampler._remote_parent_not_sampled,
+            sampler._local_parent_sampled, sampler._local_parent_not_sampled,
+        )  # fmt: skip
+    except AttributeError:
+        return None
+
+
+def clean_attributes(attributes: Mapping[str, Any], max_length: int | None) -> Mapping[str, Any]:
+    """Attributes cleaned as an SDK span cleans them when they are set (sequences become tuples, bad keys
+    and values are dropped or made strings, strings cut at `max_length`)."""
+    from opentelemetry.attributes import _clean_attribute_value
+
+    cleaned: Mapping[str, Any] = _clean_attribute_value(attributes, max_length)
+    return cleaned
+
+
+def on_ending_of(processor_class: type) -> Any:
+    """A processor class's `_on_ending` (the SDK calls it as a span ends, before `on_end`)."""
+    return getattr(processor_class, "_on_ending", None)
+
+
+def sdk_span_class() -> Any:
+    """The span class a `Tracer` makes (`_Span`: `Span` itself refuses to be made directly)."""
+    from opentelemetry.sdk.trace import _Span
+
+    return _Span
+
+
+def end_without_processors(span: Any, end_time: int | None) -> None:
+    """End an SDK span made to be read back (`HeldSpan.sdk_span`) as `Span.end` does (its end time set, its
+    attributes frozen) without handing it to the processors a second time."""
+    span._end_time = end_time
+    span._attributes._immutable = True
+
+
+@_reach(
+    "Tracer._tracer_config, _tracer_metrics, _span_limits, _instrumentation_scope; "
+    "SynchronousMultiSpanProcessor._span_processors; StaticSampler._decision; ParentBased's delegates; "
+    "SpanProcessor._on_ending; opentelemetry.sdk.trace._Span, Span._end_time; "
+    "opentelemetry.attributes._clean_attribute_value, BoundedAttributes._immutable",
+    ("opentelemetry-sdk", "opentelemetry-api"),
+    checked="1.45.2",
+    fallback="every span is the SDK's own (no held spans): tail sampling holds SDK spans and a head-sampled "
+    "span validates each attribute as it is set, as before",
+)
+def _held_span_parts_present() -> bool:
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON
+
+    provider = TracerProvider()
+    provider.add_span_processor(SpanProcessor())
+    tracer = provider.get_tracer("llmspans-probe")
+    span = tracer.start_span("probe")
+    present = (
+        tracer_is_plain(tracer)
+        and span_processors(getattr(tracer, "span_processor", None)) is not None
+        and static_decision(ALWAYS_ON) is not None
+        and parent_based_delegates(DEFAULT_ON) is not None
+        and on_ending_of(SpanProcessor) is not None
+        and isinstance(span, sdk_span_class())
+        and hasattr(span, "_end_time")
+        and hasattr(getattr(span, "_attributes", None), "_immutable")
+        and clean_attributes({"a": [1]}, None) == {"a": (1,)}
+    )
+    span.end()
     provider.shutdown()
     return present
 

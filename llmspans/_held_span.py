@@ -1,0 +1,551 @@
+"""Held spans: a span whose facts llmspans keeps, made an SDK `ReadableSpan` only when someone will export it.
+
+An OpenTelemetry SDK span validates every attribute as it is set, takes a lock per write and keeps an
+object per event, whether or not the span is ever exported. llmspans' call, stage and turn spans are
+written by llmspans itself, mostly at their end, from facts their records already hold. Where nothing
+on the provider can tell the difference, `start_span` makes a `HeldSpan` instead of an SDK span:
+
+- its ids come from the provider's id generator and its sampling decision from the provider's sampler,
+  exactly as the SDK's `Tracer.start_span` would make them, so the `traceparent` sent and every child's
+  parent are what they would be;
+- what is written on it while it is open (by llmspans, or by the app through `get_current_span()`) is
+  cleaned as the SDK cleans it and kept in order, and its owner's end-of-span facts (`SpanFacts`) are
+  written only when it is built;
+- `build()` makes the `ReadableSpan` the SDK path would have handed to its processors' `on_end`: the
+  same name, kind, ids, parent, times, attributes (in the SDK's order and under its limits), events,
+  links, status, resource and scope.
+
+Two plans use it (`plan_of`), chosen from the provider's processors, and none other:
+
+- `HEAD`: every processor on the provider does nothing at a span's start (the SDK's batch and simple
+  processors): the span is built at its end and handed to them.
+- `TAIL`: the provider's one processor is a `TailSamplingProcessor` that defers: the ended span goes to it
+  unbuilt, and is built only if its trace is kept (`_tail_sampling`); the wrapped processors see
+  `on_start` then, just before `on_end`.
+
+Anything else (a processor with an `on_start` of its own beside them, a tracer the SDK configured apart,
+the SDK's own span metrics switched on, an SDK of other internals) gets the SDK's own spans, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from time import time_ns
+from types import MappingProxyType, TracebackType
+from typing import Any, Final, Protocol
+
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, SynchronousMultiSpanProcessor
+from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
+from opentelemetry.semconv.attributes.exception_attributes import (
+    EXCEPTION_ESCAPED,
+    EXCEPTION_MESSAGE,
+    EXCEPTION_STACKTRACE,
+    EXCEPTION_TYPE,
+)
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util.types import AttributeValue
+
+from llmspans import _internals
+from llmspans import _names as names
+
+logger = logging.getLogger("llmspans")
+
+HEAD: Final = "head"
+TAIL: Final = "tail"
+_UNSET = Status(StatusCode.UNSET)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
+_NOT_SAMPLED_RANDOM = TraceFlags(TraceFlags.DEFAULT | getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
+_RECORD_AND_SAMPLE = Decision.RECORD_AND_SAMPLE
+_DROP = Decision.DROP
+_NO_ATTRIBUTES: Mapping[str, AttributeValue] = MappingProxyType({})
+# The SDK's processors whose `on_start` (and `_on_ending`) do nothing: a span they see start cannot
+# tell a held span from an SDK one.
+_QUIET_STARTS: Final = frozenset(
+    {SpanProcessor.on_start, BatchSpanProcessor.on_start, SimpleSpanProcessor.on_start}
+)
+_QUIET_ENDINGS: Final = frozenset(
+    _internals.on_ending_of(kind) for kind in (SpanProcessor, BatchSpanProcessor, SimpleSpanProcessor)
+)
+
+
+class SpanFacts(Protocol):
+    """The owner of a held span: what it writes on the span once the span is built (llmspans' call
+    record, a stage, a turn), and whether something in it keeps its trace by itself."""
+
+    keeps_trace: bool
+
+    def write_span(self, span: trace.Span) -> None:
+        """Write the end-of-span attributes, events and status on `span` (an SDK span or a held one)."""
+
+
+def quiet_at_start(processor: SpanProcessor) -> bool:
+    """Whether `processor` does nothing when a span starts or is ending (so it cannot see a held span)."""
+    kind = type(processor)
+    return kind.on_start in _QUIET_STARTS and _internals.on_ending_of(kind) in _QUIET_ENDINGS
+
+
+class Holder(SpanProcessor):
+    """A processor that takes held spans at their end (`_tail_sampling.TailSamplingProcessor`): where it is
+    the provider's only processor and `defers`, spans are held (the TAIL plan)."""
+
+    defers: bool = False
+
+    def hold(self, span: HeldSpan) -> None:
+        """`span` ended; build it (`HeldSpan.build`) only if its trace is kept."""
+        raise NotImplementedError
+
+
+class Plan:
+    """How spans of one tracer are made, for the processors its provider has now."""
+
+    __slots__ = ("members", "mode", "processor", "sample", "tracer")
+
+    def __init__(
+        self, tracer: SdkTracer, members: tuple[SpanProcessor, ...], mode: str, processor: Any
+    ) -> None:
+        self.tracer = tracer
+        self.members = members
+        self.mode = mode
+        self.processor = processor  # HEAD: the provider's processor; TAIL: the tail-sampling processor
+        self.sample = _fast_sampler(tracer.sampler)
+
+
+_last_plan: Plan | None = None
+_plan_lock = threading.Lock()
+
+
+def plan_of(tracer: Any) -> Plan | None:
+    """The plan for spans of `tracer` now; None: the SDK makes them (see the module's docstring)."""
+    found = _last_plan
+    if found is not None and found.tracer is tracer:
+        members = _internals.span_processors(tracer.span_processor)
+        if members is found.members:
+            return found if found.mode else None
+    return _new_plan(tracer)
+
+
+def _new_plan(tracer: Any) -> Plan | None:
+    global _last_plan
+    if type(tracer) is not SdkTracer or not _internals.tracer_is_plain(tracer):
+        return None
+    multi = tracer.span_processor
+    members = _internals.span_processors(multi)
+    if type(multi) is not SynchronousMultiSpanProcessor or members is None:
+        return None
+    mode = ""
+    processor: Any = multi
+    if len(members) == 1 and isinstance(members[0], Holder):
+        if members[0].defers:
+            mode, processor = TAIL, members[0]
+    elif members and all(quiet_at_start(member) for member in members):
+        mode = HEAD
+    plan = Plan(tracer, members, mode, processor)
+    with _plan_lock:
+        _last_plan = plan
+    return plan if mode else None
+
+
+def _fast_sampler(sampler: Any) -> Callable[[SpanContext | None], Decision] | None:
+    """The decision of the SDK's plain samplers (always on or off, parent-based on them with the default
+    delegates) as a function of the parent alone; None: ask the sampler itself."""
+    if type(sampler) is StaticSampler:
+        decision = _internals.static_decision(sampler)
+
+        def static(parent: SpanContext | None) -> Decision:
+            return decision
+
+        return static
+    if type(sampler) is ParentBased:
+        delegates = _internals.parent_based_delegates(sampler)
+        if delegates is None or any(type(each) is not StaticSampler for each in delegates):
+            return None
+        root, remote_sampled, remote_not, local_sampled, local_not = (
+            _internals.static_decision(each) for each in delegates
+        )
+
+        def parent_based(parent: SpanContext | None) -> Decision:
+            if parent is None:
+                return root
+            if parent.is_remote:
+                return remote_sampled if parent.trace_flags.sampled else remote_not
+            return local_sampled if parent.trace_flags.sampled else local_not
+
+        return parent_based
+    return None
+
+
+def start_span(
+    tracer: Any, name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, AttributeValue] | None = None, start_time: int | None = None,
+    facts: SpanFacts | None = None,
+) -> trace.Span:  # fmt: skip
+    """A span of `tracer`, as its `start_span` would make it: a held span where the plan allows one
+    (`facts` write its end), else the SDK's own span. `attributes` are llmspans' own, already clean
+    (strings, numbers, booleans), shared read-only between spans."""
+    plan = plan_of(tracer)
+    if plan is None:
+        return _sdk_span(tracer, name, context, kind, attributes, start_time)
+    parent: SpanContext | None = trace.get_current_span(context).get_span_context()
+    if parent is not None and not parent.is_valid:
+        parent = None
+    ids = tracer.id_generator
+    trace_id = ids.generate_trace_id() if parent is None else parent.trace_id
+    sample = plan.sample
+    if sample is not None:
+        decision = sample(parent)
+        state = parent.trace_state if parent is not None else None
+        if decision is not _DROP and attributes is None:
+            attributes = _NO_ATTRIBUTES
+    else:
+        result = tracer.sampler.should_sample(context, trace_id, name, kind, attributes, ())
+        decision, state, attributes = result.decision, result.trace_state, result.attributes
+    random = ids.is_trace_id_random() if parent is None else parent.trace_flags.random_trace_id
+    if decision is _RECORD_AND_SAMPLE:
+        flags = _SAMPLED_RANDOM if random else _SAMPLED
+    else:
+        flags = _NOT_SAMPLED_RANDOM if random else _NOT_SAMPLED
+    span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, state)
+    if decision is _DROP:
+        return trace.NonRecordingSpan(span_context)
+    if decision is not _RECORD_AND_SAMPLE:  # recorded but not sampled (RECORD_ONLY): the SDK's own span
+        return _sdk_span(tracer, name, context, kind, attributes, start_time)
+    return HeldSpan(plan, name, span_context, parent, kind, attributes, start_time, facts)
+
+
+def _sdk_span(
+    tracer: Any, name: str, context: Context | None, kind: SpanKind,
+    attributes: Mapping[str, AttributeValue] | None, start_time: int | None,
+) -> trace.Span:  # fmt: skip
+    made: trace.Span = tracer.start_span(
+        name, context=context, kind=kind, attributes=attributes, start_time=start_time
+    )
+    return made
+
+
+class HeldSpan(trace.Span):
+    """A sampled span llmspans keeps as facts until it is built (`build`): see the module's docstring.
+
+    It behaves as an SDK span does towards whoever holds it: writes after its end are ignored with the
+    SDK's warning, `set_status` follows the SDK's rules, attributes are cleaned as they are set.
+    """
+
+    __slots__ = (
+        "_attributes", "_end_time", "_events", "_kind", "_links", "_name", "_parent", "_plan",
+        "_start_time", "_status", "_trusted", "_writes", "context", "dropped", "facts",
+    )  # fmt: skip
+
+    def __init__(
+        self, plan: Plan, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
+        attributes: Mapping[str, AttributeValue] | None, start_time: int | None, facts: SpanFacts | None,
+    ) -> None:  # fmt: skip
+        self._plan = plan
+        self._name = name
+        self.context = context
+        self._parent = parent
+        self._kind = kind
+        self._attributes = attributes  # as given (read-only, llmspans' own); cleaned when built
+        self._start_time = start_time if start_time is not None else time_ns()
+        self._end_time: int | None = None
+        self._writes: list[Mapping[str, AttributeValue]] | None = None
+        self._events: list[Event] | None = None
+        self._links: list[Link] | None = None
+        self._status = _UNSET
+        self.dropped = 0  # attributes the cleaning dropped (bad keys), as the SDK counts them
+        self.facts = facts
+        self._trusted = False  # while its facts are written: llmspans' own values, already clean
+
+    # --- what a ReadableSpan shows, for the tail-sampling processor and whoever holds the span --------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def parent(self) -> SpanContext | None:
+        return self._parent
+
+    @property
+    def kind(self) -> SpanKind:
+        return self._kind
+
+    @property
+    def start_time(self) -> int:
+        return self._start_time
+
+    @property
+    def end_time(self) -> int | None:
+        return self._end_time
+
+    @property
+    def status(self) -> Status:
+        return self._status
+
+    @property
+    def attributes(self) -> Mapping[str, AttributeValue]:
+        """What was set on it so far (its end-of-span facts are not written until it is built)."""
+        return MappingProxyType(self._folded(self._writes))
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return self._end_time is None
+
+    # --- writing -----------------------------------------------------------------------------------------
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        if self._end_time is not None:
+            logger.warning("Setting attribute on ended span.")
+            return
+        self._write(attributes)
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        if self._end_time is not None:
+            logger.warning("Setting attribute on ended span.")
+            return
+        self._write({key: value})
+
+    def _write(self, attributes: Mapping[str, AttributeValue]) -> None:
+        """Cleaned now, as the SDK cleans at the write (a list set now is a tuple of what it holds now),
+        except the facts' own (`SpanFacts.write_span` writes clean values)."""
+        if self._trusted:
+            cleaned = attributes
+        else:
+            cleaned = _internals.clean_attributes(attributes, self._max_length())
+            if len(cleaned) != len(attributes):
+                self.dropped += len(attributes) - len(cleaned)
+        writes = self._writes
+        if writes is None:
+            self._writes = [cleaned]
+        else:
+            writes.append(cleaned)
+
+    def add_event(
+        self, name: str, attributes: Mapping[str, AttributeValue] | None = None, timestamp: int | None = None
+    ) -> None:
+        if self._end_time is not None:
+            logger.warning("Tried calling _add_event on an ended span.")
+            return
+        self._event(name, attributes, timestamp)
+
+    def _event(
+        self, name: str, attributes: Mapping[str, AttributeValue] | None, timestamp: int | None
+    ) -> None:
+        limits = _internals.span_limits(self._plan.tracer)
+        event = Event(
+            name,
+            BoundedAttributes(limits.max_event_attributes, attributes, immutable=True,
+                              max_value_len=limits.max_attribute_length),
+            timestamp,
+        )  # fmt: skip
+        events = self._events
+        if events is None:
+            self._events = [event]
+        else:
+            events.append(event)
+
+    def add_link(self, context: SpanContext, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+        if not (context and (context.is_valid or (attributes or context.trace_state))):
+            return
+        if self._end_time is not None:
+            logger.warning("Tried calling _add_link on an ended span.")
+            return
+        limits = _internals.span_limits(self._plan.tracer)
+        link = Link(
+            context,
+            BoundedAttributes(limits.max_link_attributes, attributes, immutable=True,
+                              max_value_len=limits.max_attribute_length),
+        )  # fmt: skip
+        if self._links is None:
+            self._links = [link]
+        else:
+            self._links.append(link)
+
+    def update_name(self, name: str) -> None:
+        if self._end_time is not None:
+            logger.warning("Tried calling update_name on an ended span.")
+            return
+        self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if self._end_time is not None:
+            logger.warning("Tried calling set_status on an ended span.")
+            return
+        self._set_status(status, description)
+
+    def _set_status(self, status: Status | StatusCode, description: str | None) -> None:
+        """The SDK's rules: OK is final, UNSET is ignored."""
+        if self._status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is StatusCode.UNSET:
+                return
+            if description is not None:
+                logger.warning(
+                    "Description %s ignored. Use either `Status` or `(StatusCode, Description)`", description
+                )
+            self._status = status
+        elif isinstance(status, StatusCode) and status is not StatusCode.UNSET:
+            self._status = Status(status, description)
+
+    def record_exception(
+        self, exception: BaseException, attributes: Mapping[str, AttributeValue] | None = None,
+        timestamp: int | None = None, escaped: bool = False,
+    ) -> None:  # fmt: skip
+        """As the SDK records one: an `exception` event with the type, message and stack trace."""
+        described: dict[str, AttributeValue] = {
+            EXCEPTION_TYPE: _exception_type(exception),
+            EXCEPTION_MESSAGE: str(exception),
+            EXCEPTION_STACKTRACE: "".join(traceback.format_exception(exception)),
+            EXCEPTION_ESCAPED: str(escaped),
+        }
+        if attributes:
+            described.update(attributes)
+        self.add_event("exception", described, timestamp)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        if exc_val is not None and self.is_recording():
+            self.record_exception(exc_val, escaped=True)
+            self.set_status(Status(StatusCode.ERROR, f"{type(exc_val).__name__}: {exc_val}"))
+        self.end()
+
+    def end(self, end_time: int | None = None) -> None:
+        """The end: built and handed to the provider's processors now (HEAD), or held by the tail-sampling
+        processor until its trace is decided (TAIL)."""
+        if self._end_time is not None:
+            logger.warning("Calling end() on an ended span.")
+            return
+        self._end_time = end_time if end_time is not None else time_ns()
+        plan = self._plan
+        if plan.mode == HEAD:
+            plan.processor.on_end(self.build())
+        else:
+            plan.processor.hold(self)
+
+    # --- building ----------------------------------------------------------------------------------------
+
+    def keeps_trace(self) -> bool:
+        """Whether this span by itself keeps its trace whole: failed, over budget, retried or hedged."""
+        if self._status.status_code is StatusCode.ERROR:
+            return True
+        facts = self.facts
+        if facts is not None and facts.keeps_trace:
+            return True
+        return self._writes is not None and any(_keeping(write) for write in self._writes)
+
+    def _write_facts(self) -> None:
+        """The owner's end-of-span facts, written on this span as on an SDK span (once)."""
+        facts = self.facts
+        if facts is None:
+            return
+        self.facts = None
+        ended, self._end_time = self._end_time, None  # open again while its owner writes
+        self._trusted = True
+        try:
+            facts.write_span(self)
+        finally:
+            self._end_time = ended
+            self._trusted = False
+
+    def build(self, weight: float | None = None, context: SpanContext | None = None) -> ReadableSpan:
+        """The ReadableSpan the SDK would have handed to `on_end`; with `weight` added and `context` in place
+        of its own when tail sampling kept it (as `_tail_sampling.weighted_copy` does for an SDK span)."""
+        self._write_facts()
+        attributes = self._folded(self._writes)
+        if weight is not None:
+            attributes = dict(attributes)
+            attributes[names.SAMPLE_WEIGHT] = weight
+        if context is None:
+            context = self.context
+        tracer = self._plan.tracer
+        return ReadableSpan(
+            name=self._name, context=context, parent=self._parent, resource=tracer.resource,
+            attributes=attributes, events=tuple(self._events) if self._events else (),
+            links=tuple(self._links) if self._links else (), kind=self._kind,
+            instrumentation_info=tracer.instrumentation_info, status=self._status,
+            start_time=self._start_time, end_time=self._end_time,
+            instrumentation_scope=_internals.instrumentation_scope(tracer),
+        )  # fmt: skip
+
+    def sdk_span(self, processor: SpanProcessor) -> Any:
+        """This span replayed into an SDK span, for processors that do something at a span's start: started
+        (their `on_start`, as the SDK would call it, after the start attributes), then written in the order
+        it was written, then ended without handing it on (the caller does: its copy may be weighted)."""
+        tracer = self._plan.tracer
+        span = _internals.sdk_span_class()(
+            name=self._name, context=self.context, parent=self._parent, sampler=tracer.sampler,
+            resource=tracer.resource, attributes=self._attributes, span_processor=processor, kind=self._kind,
+            links=tuple(self._links) if self._links else (), instrumentation_info=tracer.instrumentation_info,
+            limits=_internals.span_limits(tracer), instrumentation_scope=_internals.instrumentation_scope(tracer),
+        )  # fmt: skip
+        span.start(start_time=self._start_time)
+        self._write_facts()
+        for write in self._writes or ():
+            span.set_attributes(write)
+        for event in self._events or ():
+            span._add_event(event)
+        if self._status is not _UNSET:
+            span.set_status(self._status)
+        if self._name != span.name:
+            span.update_name(self._name)
+        _internals.end_without_processors(span, self._end_time)
+        return span
+
+    def _max_length(self) -> int | None:
+        length: int | None = _internals.span_limits(self._plan.tracer).max_span_attribute_length
+        return length
+
+    def _folded(self, writes: Iterable[Mapping[str, AttributeValue]] | None) -> Mapping[str, AttributeValue]:
+        """The start attributes and every write, in the SDK's order (a key written again moves to the end),
+        under the SDK's limits."""
+        start = self._attributes or _NO_ATTRIBUTES
+        limits = _internals.span_limits(self._plan.tracer)
+        if limits.max_span_attribute_length is None and not self.dropped:
+            folded = dict(start)
+            for write in writes or ():
+                if folded.keys().isdisjoint(write):
+                    folded.update(write)
+                else:
+                    for key, value in write.items():
+                        folded.pop(key, None)
+                        folded[key] = value
+            if limits.max_span_attributes is None or len(folded) <= limits.max_span_attributes:
+                return folded
+        bounded = BoundedAttributes(limits.max_span_attributes, start, immutable=False,
+                                    max_value_len=limits.max_span_attribute_length)  # fmt: skip
+        for write in writes or ():
+            bounded._set_items(write)
+        bounded.dropped += self.dropped
+        bounded._immutable = True
+        return bounded
+
+
+def _keeping(write: Mapping[str, AttributeValue]) -> bool:
+    retries = write.get(names.RETRY_COUNT)
+    return (
+        write.get(names.BUDGET_EXCEEDED) is True
+        or write.get(names.HEDGE_FIRED) is True
+        or (isinstance(retries, int) and not isinstance(retries, bool) and retries > 0)
+    )
+
+
+def _exception_type(exception: BaseException) -> str:
+    """`exception.type` as the SDK writes it: the module-qualified name, bare for builtins."""
+    module = type(exception).__module__
+    qualname = type(exception).__qualname__
+    return f"{module}.{qualname}" if module and module != "builtins" else qualname
