@@ -211,7 +211,9 @@ def set_up(setup: str, traces_file: str) -> bool:
         tracer_provider = TracerProvider()
         tracer_provider.add_span_processor(BatchSpanProcessor(FileSpanExporter(stream=stream)))
         trace.set_tracer_provider(tracer_provider)
-        reader = PeriodicExportingMetricReader(FileMetricExporter(stream=stream), export_interval_millis=3_600_000)
+        reader = PeriodicExportingMetricReader(
+            FileMetricExporter(stream=stream), export_interval_millis=3_600_000
+        )
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
         OpenAIInstrumentor().instrument()
         return False
@@ -307,7 +309,9 @@ def measure(setup: str, what: str, n: int, chunks: int, args: argparse.Namespace
         command += ["--shim", str(args.shim)]
         command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_file}",
                    *command]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+    )
     _, status, usage = os.wait4(process.pid, 0)
     stdout = process.stdout.read() if process.stdout else ""
     stderr = process.stderr.read() if process.stderr else ""
@@ -395,7 +399,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
     parser.add_argument("--what", nargs="+", choices=WHAT, default=list(WHAT))
     parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
-    parser.add_argument("--calls", type=int, default=100, help="calls in the shorter process (the longer: 3x)")
+    parser.add_argument(
+        "--calls", type=int, default=100, help="calls in the shorter process (the longer: 3x)"
+    )
     parser.add_argument("--streams", type=int, default=10, help="streams per process")
     parser.add_argument("--long", type=int, default=200, help="chunks per stream, longer process")
     parser.add_argument("--short", type=int, default=40, help="chunks per stream, shorter process")
@@ -421,7 +427,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         args.what = args.what[0]
         one_process(args)
         return 0
-    if args.instructions and (shutil.which("valgrind") is None or not os.path.exists("/usr/include/valgrind/callgrind.h")):
+    if args.instructions and (
+        shutil.which("valgrind") is None or not os.path.exists("/usr/include/valgrind/callgrind.h")
+    ):
         print("--instructions needs valgrind and its headers (apt-get install valgrind)", file=sys.stderr)
         return 2
     if "otel-v2" in args.setups and not _importable("opentelemetry.instrumentation.openai_v2"):
