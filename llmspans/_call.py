@@ -29,7 +29,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _deferred, _guard, _phases, _telemetry
+from llmspans import _budget, _deferred, _guard, _held_span, _phases, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans import _sites as sites
@@ -41,6 +41,7 @@ from llmspans._gaps import SUB as _SKETCH_SUB
 from llmspans._gaps import SUB_BITS as _SKETCH_SUB_BITS
 from llmspans._gaps import GapSketch
 from llmspans._guard import check_fault, guarded, report
+from llmspans._held_span import HeldSpan
 from llmspans._stages import TurnTotals, current_turn
 
 if TYPE_CHECKING:
@@ -222,6 +223,10 @@ class CallRecord:
     span: Span = INVALID_SPAN
     recording = False
     budget: float | None = None
+    # What the end of its span is written from (`write_span`): outcome, buckets, final status, duration.
+    written: tuple[str, tuple[int, ...], int | None, int] = ("", (0, 0, 0, 0, 0, 0), None, 0)
+    # Whether something in the call keeps its trace whole under tail sampling (`_held_span.SpanFacts`).
+    keeps_trace = False
 
     def __init__(
         self,
@@ -261,11 +266,10 @@ class CallRecord:
         self.suppressed = False
         _open_calls.add(self)
         self.budget = _budget.registry.resolve(names.STAGE_LLM, budget)
-        span = self.span = sinks[0].start_span(
-            shape.span_name,
-            kind=SpanKind.CLIENT,
-            attributes=shape.span_attributes,
-            start_time=self.wall_anchor_ns,
+        # A held span where nothing on the provider can tell (`_held_span`): its end is written only if
+        # someone will export it, which under tail sampling is only if its trace is kept.
+        span = self.span = _held_span.start_span(
+            sinks[0], shape.span_name, None, SpanKind.CLIENT, shape.span_attributes, self.wall_anchor_ns
         )
         self.recording = recording = span.is_recording()
         if recording:  # what only a span someone will see needs
@@ -287,12 +291,21 @@ class CallRecord:
         return self.wall_anchor_ns + (monotonic_ns - self.queued_ns)
 
     @guarded(sites.CALL_ADMITTED, None)
-    def admitted(self, now_ns: int, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+    def admitted(
+        self, now_ns: int, attributes: Callable[[], Mapping[str, AttributeValue]] | None = None
+    ) -> None:
+        """Admitted at `now_ns`; `attributes` reads what the span says of the admission (a limiter's)."""
         self.admitted_ns = now_ns
         if self.recording:
-            if attributes:
-                self.span.set_attributes(attributes)
-            self.span.add_event(names.EVENT_ADMITTED, timestamp=self.wall_ns(now_ns))
+            span = self.span
+            if type(span) is HeldSpan:  # kept as facts: read only if the span is built
+                if attributes is not None:
+                    span.note_attributes(attributes)
+                span.note_event(names.EVENT_ADMITTED, self.wall_ns(now_ns))
+                return
+            if attributes is not None:
+                span.set_attributes(attributes())
+            span.add_event(names.EVENT_ADMITTED, timestamp=self.wall_ns(now_ns))
 
     def admit(self, limiter: Limiter) -> None:
         """Wait for a slot of `limiter` and hold it until the call is over; a failure to get one (a
@@ -321,7 +334,7 @@ class CallRecord:
         self.on_release = admission.release
         # The lane is the limiter's name, on the call's metrics as well as its span.
         self.shape = self.shape.in_lane(admission.name)
-        self.admitted(admission.admitted_ns, admission.attributes() if self.recording else None)
+        self.admitted(admission.admitted_ns, admission.attributes if self.recording else None)
         if self.server_state is not None:
             self.watch_server()
 
@@ -604,10 +617,16 @@ class CallRecord:
         except Exception as failure:  # what @guarded does, without its extra frame on every call
             report(sites.CALL_FINISH, failure)
         finally:
+            span = self.span
             try:
-                self.span.end(end_time=self.wall_ns(released))
+                span.end(end_time=self.wall_ns(released))
             except Exception as failure:  # a span processor that raises must not reach the app
                 report(sites.CALL_SPAN_END, failure)
+            if type(span) is HeldSpan:
+                # A held span keeps this record for its facts until it is built or dropped: the record lets
+                # go of the span (and of the context holding it), so neither holds the other in a cycle.
+                self.span = trace.NonRecordingSpan(span.context)
+                self._context = None
             if self.on_release is not None:
                 self._release()
 
@@ -629,9 +648,15 @@ class CallRecord:
         queued, built, a, b, c, d, e, f, _ = self.instants_ns(released, outcome)
         buckets = (a - built, c - b, d - c, e - d + (b - a) + (built - queued), f - e, released - f)
         duration_ns = released - queued
-        exceeded = self.budget is not None and _budget.record_on_span(self.span, self.budget, duration_ns)
+        exceeded = self.budget is not None and _budget.exceeded(self.budget, duration_ns)
         if self.recording:
-            self._write_span(outcome, buckets, final_status)
+            span = self.span
+            self.written = (outcome, buckets, final_status, duration_ns)
+            if type(span) is HeldSpan:  # its end is written if it is ever built (`write_span`), not now
+                self.keeps_trace = bool(self.error_type) or len(attempts) > 1 or exceeded
+                span.mark_facts(self)
+            else:
+                self.write_span(span)
             if self.server_state is not None:
                 self.stamp_server_state()
             # Phase spans only where someone will look (a slow call): a fast call pays this comparison.
@@ -649,10 +674,13 @@ class CallRecord:
             except Exception as failure:
                 report(sites.CALL_FINISH, failure)
 
-    def _write_span(self, outcome: str, buckets: tuple[int, ...], final_status: int | None) -> None:
-        """The call span's attributes and events; only for a span that records (docs/telemetry.md lists
-        which attributes are left out when they carry nothing)."""
-        span = self.span
+    def write_span(self, span: Any) -> None:
+        """The call span's end: its budget, attributes, events and status (docs/telemetry.md lists which
+        attributes are left out when they carry nothing). On an SDK span when the call is written; on a held
+        span only when it is built (`_held_span.SpanFacts`), from the facts this record kept."""
+        outcome, buckets, final_status, duration_ns = self.written
+        if self.budget is not None:
+            _budget.record_on_span(span, self.budget, duration_ns)
         queue, retry, connect, first_token, stream, post = buckets
         attributes: dict[str, AttributeValue] = {  # `seconds`, inlined
             _QUEUE_ATTRIBUTE: queue / 1e9,
@@ -667,7 +695,7 @@ class CallRecord:
         if len(attempts) > 1:
             failed = attempts[:-1]
             attributes[names.RETRY_COUNT] = len(failed)
-            attributes[names.RETRY_CAUSES] = [attempt.cause or "unknown" for attempt in failed]
+            attributes[names.RETRY_CAUSES] = tuple([attempt.cause or "unknown" for attempt in failed])
             if self.wasted_output_tokens:
                 attributes[names.RETRY_WASTED_OUTPUT_TOKENS] = self.wasted_output_tokens
             for attempt, following in itertools.pairwise(attempts):
@@ -712,7 +740,7 @@ class CallRecord:
         if self.response_model:
             attributes[names.GEN_AI_RESPONSE_MODEL] = self.response_model
         if self.finish_reasons:
-            attributes[names.GEN_AI_RESPONSE_FINISH_REASONS] = list(self.finish_reasons)
+            attributes[names.GEN_AI_RESPONSE_FINISH_REASONS] = self.finish_reasons
         if self.input_tokens is not None:
             attributes[names.GEN_AI_USAGE_INPUT_TOKENS] = self.input_tokens
         if self.output_tokens is not None:

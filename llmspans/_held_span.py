@@ -84,8 +84,9 @@ class SpanFacts(Protocol):
 
     keeps_trace: bool
 
-    def write_span(self, span: trace.Span) -> None:
-        """Write the end-of-span attributes, events and status on `span` (an SDK span or a held one)."""
+    def write_span(self, span: Any) -> None:
+        """Write the end-of-span attributes, events and status on `span`: an SDK span, or what a held span
+        collects them in when it is built (`set_attributes`, `add_event`, `set_status`, `start_time`)."""
 
 
 def quiet_at_start(processor: SpanProcessor) -> bool:
@@ -98,7 +99,9 @@ class Holder(SpanProcessor):
     """A processor that takes held spans at their end (`_tail_sampling.TailSamplingProcessor`): where it is
     the provider's only processor and `defers`, spans are held (the TAIL plan)."""
 
-    defers: bool = False
+    @property
+    def defers(self) -> bool:
+        return False
 
     def hold(self, span: HeldSpan) -> None:
         """`span` ended; build it (`HeldSpan.build`) only if its trace is kept."""
@@ -187,10 +190,9 @@ def _fast_sampler(sampler: Any) -> Callable[[SpanContext | None], Decision] | No
 def start_span(
     tracer: Any, name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
     attributes: Mapping[str, AttributeValue] | None = None, start_time: int | None = None,
-    facts: SpanFacts | None = None,
 ) -> trace.Span:  # fmt: skip
-    """A span of `tracer`, as its `start_span` would make it: a held span where the plan allows one
-    (`facts` write its end), else the SDK's own span. `attributes` are llmspans' own, already clean
+    """A span of `tracer`, as its `start_span` would make it: a held span where the plan allows one, else
+    the SDK's own span. `attributes` are llmspans' own, already clean
     (strings, numbers, booleans), shared read-only between spans."""
     plan = plan_of(tracer)
     if plan is None:
@@ -219,7 +221,7 @@ def start_span(
         return trace.NonRecordingSpan(span_context)
     if decision is not _RECORD_AND_SAMPLE:  # recorded but not sampled (RECORD_ONLY): the SDK's own span
         return _sdk_span(tracer, name, context, kind, attributes, start_time)
-    return HeldSpan(plan, name, span_context, parent, kind, attributes, start_time, facts)
+    return HeldSpan(plan, name, span_context, parent, kind, attributes, start_time)
 
 
 def _sdk_span(
@@ -236,33 +238,36 @@ class HeldSpan(trace.Span):
     """A sampled span llmspans keeps as facts until it is built (`build`): see the module's docstring.
 
     It behaves as an SDK span does towards whoever holds it: writes after its end are ignored with the
-    SDK's warning, `set_status` follows the SDK's rules, attributes are cleaned as they are set.
+    SDK's warning, `set_status` follows the SDK's rules, attributes are cleaned as they are set. Its
+    owner writes its own end once, through `SpanFacts`, at the place `mark_facts` left in its writes and
+    events: what others wrote after that place (a lever, a hedge) still comes after, as on an SDK span.
     """
 
     __slots__ = (
         "_attributes", "_end_time", "_events", "_kind", "_links", "_name", "_parent", "_plan",
-        "_start_time", "_status", "_trusted", "_writes", "context", "dropped", "facts",
+        "_start_time", "_status", "_writes", "context", "dropped", "facts",
     )  # fmt: skip
 
     def __init__(
         self, plan: Plan, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
-        attributes: Mapping[str, AttributeValue] | None, start_time: int | None, facts: SpanFacts | None,
+        attributes: Mapping[str, AttributeValue] | None, start_time: int | None,
     ) -> None:  # fmt: skip
         self._plan = plan
         self._name = name
         self.context = context
         self._parent = parent
         self._kind = kind
-        self._attributes = attributes  # as given (read-only, llmspans' own); cleaned when built
+        self._attributes = attributes  # as given (read-only, llmspans' own, already clean)
         self._start_time = start_time if start_time is not None else time_ns()
         self._end_time: int | None = None
-        self._writes: list[Mapping[str, AttributeValue]] | None = None
-        self._events: list[Event] | None = None
+        # Attribute writes in order: a cleaned mapping, `_Lazy` (llmspans' own, read when built), or
+        # `_FACTS` (where the owner's end goes). Events likewise: an SDK `Event`, an `_OwnEvent` or `_FACTS`.
+        self._writes: list[Any] | None = None
+        self._events: list[Any] | None = None
         self._links: list[Link] | None = None
         self._status = _UNSET
         self.dropped = 0  # attributes the cleaning dropped (bad keys), as the SDK counts them
-        self.facts = facts
-        self._trusted = False  # while its facts are written: llmspans' own values, already clean
+        self.facts: SpanFacts | None = None
 
     # --- what a ReadableSpan shows, for the tail-sampling processor and whoever holds the span --------
 
@@ -292,8 +297,9 @@ class HeldSpan(trace.Span):
 
     @property
     def attributes(self) -> Mapping[str, AttributeValue]:
-        """What was set on it so far (its end-of-span facts are not written until it is built)."""
-        return MappingProxyType(self._folded(self._writes))
+        """What was set on it so far (its owner's end is not written until it is built)."""
+        writes = [write for write in self._writes or () if write is not _FACTS]
+        return MappingProxyType(self._folded(_resolved(writes)))
 
     def get_span_context(self) -> SpanContext:
         return self.context
@@ -316,19 +322,24 @@ class HeldSpan(trace.Span):
         self._write({key: value})
 
     def _write(self, attributes: Mapping[str, AttributeValue]) -> None:
-        """Cleaned now, as the SDK cleans at the write (a list set now is a tuple of what it holds now),
-        except the facts' own (`SpanFacts.write_span` writes clean values)."""
-        if self._trusted:
-            cleaned = attributes
-        else:
-            cleaned = _internals.clean_attributes(attributes, self._max_length())
-            if len(cleaned) != len(attributes):
-                self.dropped += len(attributes) - len(cleaned)
+        """Cleaned now, as the SDK cleans at the write (a list set now is a tuple of what it holds now)."""
+        cleaned = _internals.clean_attributes(attributes, self._max_length())
+        if len(cleaned) != len(attributes):
+            self.dropped += len(attributes) - len(cleaned)
         writes = self._writes
         if writes is None:
             self._writes = [cleaned]
         else:
             writes.append(cleaned)
+
+    def note_attributes(self, attributes: Callable[[], Mapping[str, AttributeValue]]) -> None:
+        """llmspans' own attributes, clean, whose values are fixed now but read only if the span is built
+        (a limiter's admission): nothing is built for a trace nobody keeps."""
+        if self._end_time is None:
+            if self._writes is None:
+                self._writes = [_Lazy(attributes)]
+            else:
+                self._writes.append(_Lazy(attributes))
 
     def add_event(
         self, name: str, attributes: Mapping[str, AttributeValue] | None = None, timestamp: int | None = None
@@ -336,11 +347,6 @@ class HeldSpan(trace.Span):
         if self._end_time is not None:
             logger.warning("Tried calling _add_event on an ended span.")
             return
-        self._event(name, attributes, timestamp)
-
-    def _event(
-        self, name: str, attributes: Mapping[str, AttributeValue] | None, timestamp: int | None
-    ) -> None:
         limits = _internals.span_limits(self._plan.tracer)
         event = Event(
             name,
@@ -348,11 +354,36 @@ class HeldSpan(trace.Span):
                               max_value_len=limits.max_attribute_length),
             timestamp,
         )  # fmt: skip
-        events = self._events
-        if events is None:
+        if self._events is None:
             self._events = [event]
         else:
-            events.append(event)
+            self._events.append(event)
+
+    def note_event(
+        self, name: str, timestamp: int, attributes: Mapping[str, AttributeValue] | None = None
+    ) -> None:
+        """An event of llmspans' own (clean attributes, its instant known): kept as its parts, made an
+        event only if the span is built."""
+        if self._end_time is None:
+            if self._events is None:
+                self._events = [_OwnEvent(name, attributes, timestamp)]
+            else:
+                self._events.append(_OwnEvent(name, attributes, timestamp))
+
+    def mark_facts(self, facts: SpanFacts) -> None:
+        """Its owner's end goes here, among the writes and events so far and those still to come: written
+        when the span is built (`SpanFacts.write_span`), never for a span nobody keeps."""
+        if self._end_time is not None:
+            return
+        self.facts = facts
+        if self._writes is None:
+            self._writes = [_FACTS]
+        else:
+            self._writes.append(_FACTS)
+        if self._events is None:
+            self._events = [_FACTS]
+        else:
+            self._events.append(_FACTS)
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         if not (context and (context.is_valid or (attributes or context.trace_state))):
@@ -381,11 +412,7 @@ class HeldSpan(trace.Span):
         if self._end_time is not None:
             logger.warning("Tried calling set_status on an ended span.")
             return
-        self._set_status(status, description)
-
-    def _set_status(self, status: Status | StatusCode, description: str | None) -> None:
-        """The SDK's rules: OK is final, UNSET is ignored."""
-        if self._status.status_code is StatusCode.OK:
+        if self._status.status_code is StatusCode.OK:  # the SDK's rules: OK is final, UNSET is ignored
             return
         if isinstance(status, Status):
             if status.status_code is StatusCode.UNSET:
@@ -446,36 +473,38 @@ class HeldSpan(trace.Span):
         facts = self.facts
         if facts is not None and facts.keeps_trace:
             return True
-        return self._writes is not None and any(_keeping(write) for write in self._writes)
+        writes = self._writes
+        return writes is not None and any(type(write) is dict and _keeping(write) for write in writes)
 
-    def _write_facts(self) -> None:
-        """The owner's end-of-span facts, written on this span as on an SDK span (once)."""
+    def _owned(self) -> tuple[list[Any], list[Any]]:
+        """The writes and events with the owner's end written in at its place, and any `_Lazy` read."""
+        writes, events = self._writes or [], self._events or []
         facts = self.facts
-        if facts is None:
-            return
-        self.facts = None
-        ended, self._end_time = self._end_time, None  # open again while its owner writes
-        self._trusted = True
-        try:
-            facts.write_span(self)
-        finally:
-            self._end_time = ended
-            self._trusted = False
+        if facts is not None:
+            self.facts = None  # written once (its owner may be gone: a span that is built holds no owner)
+            own = _Collector(self)
+            facts.write_span(own)
+            if own.status is not None:
+                self._status = own.status
+            at = writes.index(_FACTS) if _FACTS in writes else len(writes)
+            writes[at : at + 1] = own.writes
+            at = events.index(_FACTS) if _FACTS in events else len(events)
+            events[at : at + 1] = own.events
+            self._writes, self._events = writes, events
+        return _resolved(writes), events
 
     def build(self, weight: float | None = None, context: SpanContext | None = None) -> ReadableSpan:
         """The ReadableSpan the SDK would have handed to `on_end`; with `weight` added and `context` in place
         of its own when tail sampling kept it (as `_tail_sampling.weighted_copy` does for an SDK span)."""
-        self._write_facts()
-        attributes = self._folded(self._writes)
+        writes, events = self._owned()
+        attributes = self._folded(writes)
         if weight is not None:
             attributes = dict(attributes)
             attributes[names.SAMPLE_WEIGHT] = weight
-        if context is None:
-            context = self.context
         tracer = self._plan.tracer
         return ReadableSpan(
-            name=self._name, context=context, parent=self._parent, resource=tracer.resource,
-            attributes=attributes, events=tuple(self._events) if self._events else (),
+            name=self._name, context=self.context if context is None else context, parent=self._parent,
+            resource=tracer.resource, attributes=attributes, events=self._made_events(events),
             links=tuple(self._links) if self._links else (), kind=self._kind,
             instrumentation_info=tracer.instrumentation_info, status=self._status,
             start_time=self._start_time, end_time=self._end_time,
@@ -494,11 +523,11 @@ class HeldSpan(trace.Span):
             limits=_internals.span_limits(tracer), instrumentation_scope=_internals.instrumentation_scope(tracer),
         )  # fmt: skip
         span.start(start_time=self._start_time)
-        self._write_facts()
-        for write in self._writes or ():
+        writes, events = self._owned()
+        for write in writes:
             span.set_attributes(write)
-        for event in self._events or ():
-            span._add_event(event)
+        for event in self._made_events(events):
+            span._events.append(event)
         if self._status is not _UNSET:
             span.set_status(self._status)
         if self._name != span.name:
@@ -506,18 +535,38 @@ class HeldSpan(trace.Span):
         _internals.end_without_processors(span, self._end_time)
         return span
 
+    def _made_events(self, events: list[Any]) -> tuple[Event, ...]:
+        if not events:
+            return ()
+        limits = _internals.span_limits(self._plan.tracer)
+        plain = limits.max_attribute_length is None
+        made = []
+        for event in events:
+            if type(event) is _OwnEvent:
+                attributes = event.attributes
+                most = limits.max_event_attributes
+                if not plain or (attributes is not None and most is not None and len(attributes) > most):
+                    attributes = BoundedAttributes(limits.max_event_attributes, attributes, immutable=True,
+                                                   max_value_len=limits.max_attribute_length)  # fmt: skip
+                made.append(
+                    Event(event.name, attributes if attributes is not None else _EMPTY_EVENT, event.timestamp)
+                )
+            else:
+                made.append(event)
+        return tuple(made)
+
     def _max_length(self) -> int | None:
         length: int | None = _internals.span_limits(self._plan.tracer).max_span_attribute_length
         return length
 
-    def _folded(self, writes: Iterable[Mapping[str, AttributeValue]] | None) -> Mapping[str, AttributeValue]:
+    def _folded(self, writes: Iterable[Mapping[str, AttributeValue]]) -> Mapping[str, AttributeValue]:
         """The start attributes and every write, in the SDK's order (a key written again moves to the end),
         under the SDK's limits."""
         start = self._attributes or _NO_ATTRIBUTES
         limits = _internals.span_limits(self._plan.tracer)
         if limits.max_span_attribute_length is None and not self.dropped:
             folded = dict(start)
-            for write in writes or ():
+            for write in writes:
                 if folded.keys().isdisjoint(write):
                     folded.update(write)
                 else:
@@ -528,11 +577,90 @@ class HeldSpan(trace.Span):
                 return folded
         bounded = BoundedAttributes(limits.max_span_attributes, start, immutable=False,
                                     max_value_len=limits.max_span_attribute_length)  # fmt: skip
-        for write in writes or ():
+        for write in writes:
             bounded._set_items(write)
         bounded.dropped += self.dropped
         bounded._immutable = True
         return bounded
+
+
+class _Marker:
+    """Where a held span's owner writes its end, among the span's writes and events."""
+
+
+_FACTS: Final = _Marker()
+_EMPTY_EVENT: Mapping[str, AttributeValue] = MappingProxyType({})
+
+
+class _Lazy:
+    """llmspans' own attributes, read only when the span is built (`HeldSpan.note_attributes`)."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, read: Callable[[], Mapping[str, AttributeValue]]) -> None:
+        self.read = read
+
+
+class _OwnEvent:
+    """llmspans' own event, kept as its parts until the span is built (`HeldSpan.note_event`)."""
+
+    __slots__ = ("attributes", "name", "timestamp")
+
+    def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None, timestamp: int) -> None:
+        self.name = name
+        self.attributes = attributes
+        self.timestamp = timestamp
+
+
+class _Collector:
+    """What a held span's owner writes on it when it is built (`SpanFacts.write_span`): its values are
+    llmspans' own and clean, so they are kept as they are, in order, with the status it sets."""
+
+    __slots__ = ("events", "span", "status", "writes")
+
+    def __init__(self, span: HeldSpan) -> None:
+        self.span = span
+        self.writes: list[Mapping[str, AttributeValue]] = []
+        self.events: list[Any] = []
+        self.status: Status | None = None
+
+    @property
+    def start_time(self) -> int:
+        return self.span.start_time
+
+    def is_recording(self) -> bool:
+        return True
+
+    def get_span_context(self) -> SpanContext:
+        return self.span.context
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        self.writes.append(attributes)
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        self.writes.append({key: value})
+
+    def add_event(
+        self, name: str, attributes: Mapping[str, AttributeValue] | None = None, timestamp: int | None = None
+    ) -> None:
+        self.events.append(_OwnEvent(name, attributes, timestamp if timestamp is not None else time_ns()))
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        current = self.status or self.span.status
+        if current.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is not StatusCode.UNSET:
+                self.status = status
+        elif status is not StatusCode.UNSET:
+            self.status = Status(status, description)
+
+
+def _resolved(writes: list[Any]) -> list[Mapping[str, AttributeValue]]:
+    """The writes with each `_Lazy` read (and any stray marker left out)."""
+    if not any(type(write) is _Lazy or write is _FACTS for write in writes):
+        return writes
+    return [write.read() if type(write) is _Lazy else write for write in writes if write is not _FACTS]
 
 
 def _keeping(write: Mapping[str, AttributeValue]) -> bool:

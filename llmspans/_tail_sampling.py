@@ -37,6 +37,7 @@ from llmspans import _guard, _internals, _metrics, _telemetry
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import Percentile, parse_duration
+from llmspans._held_span import HeldSpan, Holder, quiet_at_start
 
 logger = logging.getLogger("llmspans")
 
@@ -84,6 +85,9 @@ class TailSampling:
     reaches one is decided at once on what is held so far (kept whole if a held span failed, went over
     budget, was retried or hedged, or, at `max_age`, if a fixed `slower_than` already passed; else by
     the ratio), and its later spans follow that decision.
+    `defer` (on by default): llmspans' own call, stage and turn spans are held as the facts they are made
+    from and become SDK spans only if their trace is kept, while the processor is the provider's only one
+    (`_held_span`; what the wrapped processors see is the same). `defer=False` holds SDK spans.
     """
 
     ratio: float = 0.01
@@ -91,6 +95,7 @@ class TailSampling:
     max_spans_per_trace: int = 1000
     max_held_spans: int = 20_000
     max_age: float = 300.0
+    defer: bool = True
 
     def __post_init__(self) -> None:
         ratio = self.ratio
@@ -102,6 +107,8 @@ class TailSampling:
         object.__setattr__(self, "slower_than", check_slower_than(self.slower_than))
         _positive_int(self.max_spans_per_trace, "max_spans_per_trace")
         _positive_int(self.max_held_spans, "max_held_spans")
+        if not isinstance(self.defer, bool):
+            raise TypeError(f"defer must be True or False, got {self.defer!r}")
         object.__setattr__(self, "max_age", parse_duration(self.max_age, what="max_age"))
 
     @property
@@ -186,12 +193,14 @@ class _Held:
 
     def __init__(self, first_ns: int) -> None:
         self.first_ns = first_ns
-        self.spans: list[ReadableSpan] = []
+        self.spans: list[ReadableSpan | HeldSpan] = []
         self.keep = False  # a held span failed, overran its budget, was retried or hedged
 
 
-def _must_keep(span: ReadableSpan) -> bool:
+def _must_keep(span: ReadableSpan | HeldSpan) -> bool:
     """A span that by itself keeps its trace whole: failed, over budget, retried or hedged."""
+    if type(span) is HeldSpan:
+        return span.keeps_trace()
     if span.status.status_code is StatusCode.ERROR:
         return True
     attributes = _internals.span_attributes(span)  # no read-only copy per look-up
@@ -205,10 +214,10 @@ def _must_keep(span: ReadableSpan) -> bool:
     )
 
 
-_Decision = tuple[list[ReadableSpan], float]  # the spans to export and their weight (0: dropped)
+_Decision = tuple[list[ReadableSpan | HeldSpan], float]  # the spans to export and their weight (0: dropped)
 
 
-class TailSamplingProcessor(SpanProcessor):
+class TailSamplingProcessor(Holder):
     """A span processor that keeps whole the traces worth keeping and hands only those on.
 
     Wrap the processors that export (`TailSamplingProcessor(BatchSpanProcessor(exporter), ratio=0.01)`)
@@ -261,6 +270,9 @@ class TailSamplingProcessor(SpanProcessor):
             raise TypeError(f"sampling must be llmspans.TailSampling(...), got {sampling!r}")
         self.sampling = sampling
         self._processors = tuple(wrapped)
+        # Whether the wrapped processors do nothing at a span's start: a kept held span is then built
+        # straight into what they export; otherwise each is replayed as an SDK span for their `on_start`.
+        self._quiet_starts = all(quiet_at_start(processor) for processor in wrapped)
         self._threshold = sampling.threshold
         self._chance_weight = sampling.weight
         self._th_chance = threshold_hex(self._threshold)
@@ -290,7 +302,19 @@ class TailSamplingProcessor(SpanProcessor):
             except Exception as error:
                 _guard.report(sites.TAIL_SAMPLING_EXPORT, error)
 
+    @property
+    def defers(self) -> bool:
+        """Whether llmspans' own spans are held unbuilt while this is the provider's only processor."""
+        return self.sampling.defer
+
     def on_end(self, span: ReadableSpan) -> None:
+        self._ended(span)
+
+    def hold(self, span: HeldSpan) -> None:
+        """A held span ended (`_held_span`): held as it is, built only if its trace is kept."""
+        self._ended(span)
+
+    def _ended(self, span: ReadableSpan | HeldSpan) -> None:
         decisions: list[_Decision] = []
         overflows: list[str] = []
         try:
@@ -399,7 +423,7 @@ class TailSamplingProcessor(SpanProcessor):
 
     # --- deciding --------------------------------------------------------------------------------------
 
-    def _decide(self, trace_id: int, held: _Held, root: ReadableSpan) -> _Decision:
+    def _decide(self, trace_id: int, held: _Held, root: ReadableSpan | HeldSpan) -> _Decision:
         """Under the lock, at the local root's end."""
         keep = held.keep
         duration = (root.end_time or 0) - (root.start_time or 0)
@@ -419,7 +443,7 @@ class TailSamplingProcessor(SpanProcessor):
         return self._remember(trace_id, held.spans, keep, held.spans[0].context if held.spans else None)
 
     def _remember(
-        self, trace_id: int, spans: list[ReadableSpan], keep: bool, context: SpanContext | None
+        self, trace_id: int, spans: list[ReadableSpan | HeldSpan], keep: bool, context: SpanContext | None
     ) -> _Decision:
         if keep:
             weight = 1.0
@@ -442,7 +466,7 @@ class TailSamplingProcessor(SpanProcessor):
             th = "0" if weight == 1.0 and self._threshold > 0 else self._th_chance
             for span in spans:
                 try:
-                    copy = weighted_copy(span, weight, th)
+                    copy = self._weighted(span, weight, th)
                 except Exception as error:
                     _guard.report(sites.TAIL_SAMPLING_DECIDE, error)
                     continue
@@ -451,6 +475,16 @@ class TailSamplingProcessor(SpanProcessor):
                         processor.on_end(copy)
                     except Exception as error:
                         _guard.report(sites.TAIL_SAMPLING_EXPORT, error)
+
+    def _weighted(self, span: ReadableSpan | HeldSpan, weight: float, th: str) -> ReadableSpan:
+        """A kept span as exported, weighted. A held one is built now: straight, where the wrapped processors
+        do nothing at a span's start; else replayed as an SDK span that starts through this processor (their
+        `on_start`, each guarded) and is then copied weighted, as an SDK span ending here would be."""
+        if type(span) is not HeldSpan:
+            return weighted_copy(span, weight, th)  # type: ignore[arg-type]
+        if self._quiet_starts:
+            return span.build(weight, weighted_context(span.context, th))
+        return weighted_copy(span.sdk_span(self), weight, th)
 
 
 _live: weakref.WeakSet[TailSamplingProcessor] = weakref.WeakSet()
@@ -474,14 +508,19 @@ def _checked_processors(processors: Sequence[object]) -> list[SpanProcessor]:
     return list(processors)  # type: ignore[arg-type]
 
 
+def weighted_context(context: SpanContext, th: str) -> SpanContext:
+    """A kept span's context as exported: `ot=th:` in its tracestate."""
+    return SpanContext(
+        context.trace_id, context.span_id, context.is_remote, context.trace_flags,
+        _with_threshold(context.trace_state, th),
+    )  # fmt: skip
+
+
 def weighted_copy(span: ReadableSpan, weight: float, th: str) -> ReadableSpan:
     """The span as exported: its attributes plus its trace's weight, `ot=th:` in its tracestate."""
     context = span.context
     if context is not None:
-        context = SpanContext(
-            context.trace_id, context.span_id, context.is_remote, context.trace_flags,
-            _with_threshold(context.trace_state, th),
-        )  # fmt: skip
+        context = weighted_context(context, th)
     attributes = dict(_internals.span_attributes(span))
     attributes[names.SAMPLE_WEIGHT] = weight
     return ReadableSpan(
