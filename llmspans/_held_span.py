@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from time import time_ns
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, Protocol
@@ -44,6 +44,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, Synchron
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_ESCAPED,
     EXCEPTION_MESSAGE,
@@ -505,7 +506,7 @@ class HeldSpan(trace.Span):
         return ReadableSpan(
             name=self._name, context=self.context if context is None else context, parent=self._parent,
             resource=tracer.resource, attributes=attributes, events=self._made_events(events),
-            links=tuple(self._links) if self._links else (), kind=self._kind,
+            links=_bounded(self._links, _internals.span_limits(tracer).max_links), kind=self._kind,
             instrumentation_info=tracer.instrumentation_info, status=self._status,
             start_time=self._start_time, end_time=self._end_time,
             instrumentation_scope=_internals.instrumentation_scope(tracer),
@@ -535,7 +536,7 @@ class HeldSpan(trace.Span):
         _internals.end_without_processors(span, self._end_time)
         return span
 
-    def _made_events(self, events: list[Any]) -> tuple[Event, ...]:
+    def _made_events(self, events: list[Any]) -> Sequence[Event]:
         if not events:
             return ()
         limits = _internals.span_limits(self._plan.tracer)
@@ -553,7 +554,7 @@ class HeldSpan(trace.Span):
                 )
             else:
                 made.append(event)
-        return tuple(made)
+        return _bounded(made, limits.max_events)
 
     def _max_length(self) -> int | None:
         length: int | None = _internals.span_limits(self._plan.tracer).max_span_attribute_length
@@ -654,6 +655,15 @@ class _Collector:
                 self.status = status
         elif status is not StatusCode.UNSET:
             self.status = Status(status, description)
+
+
+def _bounded(items: Sequence[Any] | None, most: int | None) -> Sequence[Any]:
+    """Events or links as the SDK keeps them: the latest `most`, the others counted as dropped."""
+    if not items:
+        return ()
+    if most is None or len(items) <= most:
+        return tuple(items)
+    return BoundedList.from_seq(most, items)
 
 
 def _resolved(writes: list[Any]) -> list[Mapping[str, AttributeValue]]:

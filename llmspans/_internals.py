@@ -248,6 +248,19 @@ def sdk_span_class() -> Any:
     return _Span
 
 
+def tracer_provider_processors(provider: Any) -> tuple[Any, ...] | None:
+    """The span processors of an SDK TracerProvider, in order (None when kept elsewhere)."""
+    return span_processors(getattr(provider, "_active_span_processor", None))
+
+
+def set_tracer_provider_processors(provider: Any, processors: tuple[Any, ...]) -> None:
+    """Replace an SDK TracerProvider's span processors (its tracers read them through the same object):
+    zero-code tail sampling puts the ones the distro set up behind it."""
+    multi = provider._active_span_processor
+    with multi._lock:
+        multi._span_processors = processors
+
+
 def end_without_processors(span: Any, end_time: int | None) -> None:
     """End an SDK span made to be read back (`HeldSpan.sdk_span`) as `Span.end` does (its end time set, its
     attributes frozen) without handing it to the processors a second time."""
@@ -257,13 +270,15 @@ def end_without_processors(span: Any, end_time: int | None) -> None:
 
 @_reach(
     "Tracer._tracer_config, _tracer_metrics, _span_limits, _instrumentation_scope; "
-    "SynchronousMultiSpanProcessor._span_processors; StaticSampler._decision; ParentBased's delegates; "
+    "TracerProvider._active_span_processor; SynchronousMultiSpanProcessor._span_processors, _lock; "
+    "StaticSampler._decision; ParentBased's delegates; "
     "SpanProcessor._on_ending; opentelemetry.sdk.trace._Span, Span._end_time; "
     "opentelemetry.attributes._clean_attribute_value, BoundedAttributes._immutable",
     ("opentelemetry-sdk", "opentelemetry-api"),
     checked="1.45.2",
     fallback="every span is the SDK's own (no held spans): tail sampling holds SDK spans and a head-sampled "
-    "span validates each attribute as it is set, as before",
+    "span validates each attribute as it is set, as before; LLMSPANS_TAIL_SAMPLING applies through "
+    "configure() only",
 )
 def _held_span_parts_present() -> bool:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -273,8 +288,11 @@ def _held_span_parts_present() -> bool:
     provider.add_span_processor(SpanProcessor())
     tracer = provider.get_tracer("llmspans-probe")
     span = tracer.start_span("probe")
+    members = tracer_provider_processors(provider)
     present = (
-        tracer_is_plain(tracer)
+        members is not None
+        and hasattr(getattr(provider, "_active_span_processor", None), "_lock")
+        and tracer_is_plain(tracer)
         and span_processors(getattr(tracer, "span_processor", None)) is not None
         and static_decision(ALWAYS_ON) is not None
         and parent_based_delegates(DEFAULT_ON) is not None

@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -120,6 +120,81 @@ class TailSampling:
     def weight(self) -> float:
         """How many traces one kept by chance stands for."""
         return 1 / self.ratio if self.ratio > 0 else 1.0
+
+
+_ON_WORDS: Final = frozenset({"1", "true", "on", "yes"})
+_OFF_WORDS: Final = frozenset({"", "0", "false", "off", "no"})
+
+
+def _ratio(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"ratio must be a number from 0 to 1 (0.01 keeps 1 in 100), got {value!r}") from None
+
+
+def _whole(what: str) -> Callable[[str], int]:
+    def whole(value: str) -> int:
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{what} must be a whole number, got {value!r}") from None
+
+    return whole
+
+
+def _switch(value: str) -> bool:
+    word = value.lower()
+    if word in _ON_WORDS or word in _OFF_WORDS:
+        return word in _ON_WORDS
+    raise ValueError(f"defer must be true or false, got {value!r}")
+
+
+_FROM_TEXT: Final[dict[str, Callable[[str], object]]] = {
+    "ratio": _ratio,
+    "slower_than": lambda value: None if value.lower() in ("none", "off") else value,
+    "max_spans_per_trace": _whole("max_spans_per_trace"),
+    "max_held_spans": _whole("max_held_spans"),
+    "max_age": str,  # `parse_duration` reads it, as it reads the argument
+    "defer": _switch,
+}
+
+
+def tail_sampling_from_text(text: str) -> TailSampling | None:
+    """`TailSampling` from `"ratio=0.01,slower_than=p95"` (any of its arguments by name; `on` for its
+    defaults, `off` or nothing for none), checked by `TailSampling` itself as its arguments are: what
+    `LLMSPANS_TAIL_SAMPLING` holds. Raises ValueError or TypeError saying what to write."""
+    stripped = text.strip()
+    if stripped.lower() in _OFF_WORDS:
+        return None
+    if stripped.lower() in _ON_WORDS:
+        return TailSampling()
+    given: dict[str, object] = {}
+    for entry in filter(None, (part.strip() for part in stripped.split(","))):
+        key, sep, value = entry.partition("=")
+        key = key.strip()
+        if not sep or key not in _FROM_TEXT:
+            raise ValueError(
+                f"entry {entry!r} must be one of {', '.join(f'{name}=...' for name in _FROM_TEXT)}, "
+                "e.g. 'ratio=0.01,slower_than=p95'"
+            )
+        given[key] = _FROM_TEXT[key](value.strip())
+    return TailSampling(**given)  # type: ignore[arg-type]
+
+
+def tail_sampling_from_environment(environ: Mapping[str, str] | None = None) -> TailSampling | None:
+    """What `LLMSPANS_TAIL_SAMPLING` asks for (None: unset, off, or not understood). A value it cannot use
+    is one warning line naming the variable, and tail sampling stays off."""
+    text = (os.environ if environ is None else environ).get(names.ENV_TAIL_SAMPLING)
+    if text is None:
+        return None
+    try:
+        return tail_sampling_from_text(text)
+    except (TypeError, ValueError) as error:
+        logger.warning(
+            "llmspans: %s=%r is not used (%s); tail sampling is off", names.ENV_TAIL_SAMPLING, text, error
+        )
+        return None
 
 
 def threshold_hex(threshold: int) -> str:
