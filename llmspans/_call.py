@@ -227,6 +227,8 @@ class CallRecord:
     written: tuple[str, tuple[int, ...], int | None, int] = ("", (0, 0, 0, 0, 0, 0), None, 0)
     # Whether something in the call keeps its trace whole under tail sampling (`_held_span.SpanFacts`).
     keeps_trace = False
+    # What only its span needs from the answer, read when the span is written (`later`): (reader, payload).
+    _later: list[tuple[Callable[[CallRecord, Any], Mapping[str, AttributeValue] | None], Any]] | None = None
 
     def __init__(
         self,
@@ -510,6 +512,21 @@ class CallRecord:
         if self.recording:
             self.span.set_attributes(attributes)
 
+    def later(
+        self, read: Callable[[CallRecord, Any], Mapping[str, AttributeValue] | None], payload: Any
+    ) -> bool:
+        """For a held span (`_held_span`): read `payload` (an answer, a chunk, a usage block) for what only the
+        span needs (`read(call, payload)` sets the call's facts and returns attributes) when the span is written,
+        which under tail sampling is only if its trace is kept; the call keeps a reference to `payload` until
+        then. False for any other span: the caller reads it now."""
+        if type(self.span) is not HeldSpan or self.finished:
+            return False
+        if self._later is None:
+            self._later = [(read, payload)]
+        else:
+            self._later.append((read, payload))
+        return True
+
     # --- finish -----------------------------------------------------------------------------
 
     def buckets_ns(self, released_ns: int, outcome: str = names.OUTCOME_COMPLETED) -> dict[str, int]:
@@ -679,6 +696,13 @@ class CallRecord:
         attributes are left out when they carry nothing). On an SDK span when the call is written; on a held
         span only when it is built (`_held_span.SpanFacts`), from the facts this record kept."""
         outcome, buckets, final_status, duration_ns = self.written
+        later = self._later
+        if later is not None:  # what the adapter left to read until now (`later`), in the order it came
+            self._later = None
+            for read, payload in later:
+                found = read(self, payload)
+                if found:
+                    span.set_attributes(found)
         if self.budget is not None:
             _budget.record_on_span(span, self.budget, duration_ns)
         queue, retry, connect, first_token, stream, post = buckets

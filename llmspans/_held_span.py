@@ -324,6 +324,8 @@ class HeldSpan(trace.Span):
 
     def _write(self, attributes: Mapping[str, AttributeValue]) -> None:
         """Cleaned now, as the SDK cleans at the write (a list set now is a tuple of what it holds now)."""
+        if not attributes:
+            return
         cleaned = _internals.clean_attributes(attributes, self._max_length())
         if len(cleaned) != len(attributes):
             self.dropped += len(attributes) - len(cleaned)

@@ -393,7 +393,8 @@ class TailSamplingProcessor(Holder):
         decisions: list[_Decision] = []
         overflows: list[str] = []
         try:
-            _guard.check_fault(sites.TAIL_SAMPLING_DECIDE)
+            if _guard.faults:
+                _guard.check_fault(sites.TAIL_SAMPLING_DECIDE)
             context = span.context
             if context is None or not context.trace_flags.sampled or self._shutdown:
                 return
@@ -406,13 +407,20 @@ class TailSamplingProcessor(Holder):
                         decisions.append(([span], weight))
                 else:
                     held = self._held.get(trace_id)
+                    parent = span.parent
+                    if held is None and (parent is None or parent.is_remote):
+                        # A root with nothing held before it (a call on its own): decided now, never held.
+                        decision = self._decide_alone(trace_id, span)
+                        if decision[1]:
+                            decisions.append(decision)
+                        self._enforce_caps(now, decisions, overflows)
+                        return
                     if held is None:
                         held = self._held[trace_id] = _Held(now)
                     held.spans.append(span)
                     self._held_spans += 1
                     if not held.keep and _must_keep(span):
                         held.keep = True
-                    parent = span.parent
                     if parent is None or parent.is_remote:
                         del self._held[trace_id]
                         self._held_spans -= len(held.spans)
@@ -497,6 +505,16 @@ class TailSamplingProcessor(Holder):
             overflows.append(cap)
 
     # --- deciding --------------------------------------------------------------------------------------
+
+    def _decide_alone(self, trace_id: int, root: ReadableSpan | HeldSpan) -> _Decision:
+        """Under the lock, at the end of a local root that had no span held before it."""
+        keep = _must_keep(root)
+        duration = (root.end_time or 0) - (root.start_time or 0)
+        if self._durations is not None:
+            keep = self._durations.slower(root.name, duration) or keep  # every root joins the window
+        elif self._slower_ns is not None and duration > self._slower_ns:
+            keep = True
+        return self._remember(trace_id, [root], keep, root.context)
 
     def _decide(self, trace_id: int, held: _Held, root: ReadableSpan | HeldSpan) -> _Decision:
         """Under the lock, at the local root's end."""
