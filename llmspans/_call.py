@@ -223,12 +223,8 @@ class CallRecord:
     span: Span = INVALID_SPAN
     recording = False
     budget: float | None = None
-    # What the end of its span is written from (`write_span`): outcome, buckets, final status, duration.
-    written: tuple[str, tuple[int, ...], int | None, int] = ("", (0, 0, 0, 0, 0, 0), None, 0)
-    # Whether something in the call keeps its trace whole under tail sampling (`_held_span.SpanFacts`).
-    keeps_trace = False
     # What only its span needs from the answer, read when the span is written (`later`): (reader, payload).
-    _later: list[tuple[Callable[[CallRecord, Any], Mapping[str, AttributeValue] | None], Any]] | None = None
+    later_reads: list[tuple[Callable[[Any], Mapping[str, AttributeValue] | None], Any]] | None = None
 
     def __init__(
         self,
@@ -504,7 +500,10 @@ class CallRecord:
             return
         choices = self._choices
         if choices is None:
-            choices = self._choices = {}
+            if index == 0 and not self.finish_reasons:  # the one choice of most calls: no table
+                self.finish_reasons = (str(reason),)
+                return
+            choices = self._choices = {0: self.finish_reasons[0]} if self.finish_reasons else {}
         choices[index if isinstance(index, int) else len(choices)] = str(reason)
         self.finish_reasons = tuple(choices[key] for key in sorted(choices))
 
@@ -512,19 +511,17 @@ class CallRecord:
         if self.recording:
             self.span.set_attributes(attributes)
 
-    def later(
-        self, read: Callable[[CallRecord, Any], Mapping[str, AttributeValue] | None], payload: Any
-    ) -> bool:
-        """For a held span (`_held_span`): read `payload` (an answer, a chunk, a usage block) for what only the
-        span needs (`read(call, payload)` sets the call's facts and returns attributes) when the span is written,
-        which under tail sampling is only if its trace is kept; the call keeps a reference to `payload` until
-        then. False for any other span: the caller reads it now."""
+    def later(self, read: Callable[[Any], Mapping[str, AttributeValue] | None], payload: Any) -> bool:
+        """For a held span (`_held_span`): read `payload` (an answer, a chunk, a usage block) for the attributes
+        only the span needs (`read(payload)`) when the span is written, which under tail sampling is only if
+        its trace is kept; the span keeps a reference to `payload` until then. False for any other span: the
+        caller reads it now."""
         if type(self.span) is not HeldSpan or self.finished:
             return False
-        if self._later is None:
-            self._later = [(read, payload)]
+        if self.later_reads is None:
+            self.later_reads = [(read, payload)]
         else:
-            self._later.append((read, payload))
+            self.later_reads.append((read, payload))
         return True
 
     # --- finish -----------------------------------------------------------------------------
@@ -639,11 +636,6 @@ class CallRecord:
                 span.end(end_time=self.wall_ns(released))
             except Exception as failure:  # a span processor that raises must not reach the app
                 report(sites.CALL_SPAN_END, failure)
-            if type(span) is HeldSpan:
-                # A held span keeps this record for its facts until it is built or dropped: the record lets
-                # go of the span (and of the context holding it), so neither holds the other in a cycle.
-                self.span = trace.NonRecordingSpan(span.context)
-                self._context = None
             if self.on_release is not None:
                 self._release()
 
@@ -668,12 +660,12 @@ class CallRecord:
         exceeded = self.budget is not None and _budget.exceeded(self.budget, duration_ns)
         if self.recording:
             span = self.span
-            self.written = (outcome, buckets, final_status, duration_ns)
-            if type(span) is HeldSpan:  # its end is written if it is ever built (`write_span`), not now
-                self.keeps_trace = bool(self.error_type) or len(attempts) > 1 or exceeded
-                span.mark_facts(self)
+            facts = CallFacts(self, outcome, buckets, final_status, duration_ns)
+            if type(span) is HeldSpan:  # its end is written if it is ever built, from its facts: not now
+                facts.keeps_trace = bool(self.error_type) or len(attempts) > 1 or exceeded
+                span.mark_facts(facts)
             else:
-                self.write_span(span)
+                facts.write_span(span)
             if self.server_state is not None:
                 self.stamp_server_state()
             # Phase spans only where someone will look (a slow call): a fast call pays this comparison.
@@ -690,102 +682,6 @@ class CallRecord:
                 lever.finished(self, outcome, duration_ns)
             except Exception as failure:
                 report(sites.CALL_FINISH, failure)
-
-    def write_span(self, span: Any) -> None:
-        """The call span's end: its budget, attributes, events and status (docs/telemetry.md lists which
-        attributes are left out when they carry nothing). On an SDK span when the call is written; on a held
-        span only when it is built (`_held_span.SpanFacts`), from the facts this record kept."""
-        outcome, buckets, final_status, duration_ns = self.written
-        later = self._later
-        if later is not None:  # what the adapter left to read until now (`later`), in the order it came
-            self._later = None
-            for read, payload in later:
-                found = read(self, payload)
-                if found:
-                    span.set_attributes(found)
-        if self.budget is not None:
-            _budget.record_on_span(span, self.budget, duration_ns)
-        queue, retry, connect, first_token, stream, post = buckets
-        attributes: dict[str, AttributeValue] = {  # `seconds`, inlined
-            _QUEUE_ATTRIBUTE: queue / 1e9,
-            _RETRY_ATTRIBUTE: retry / 1e9,
-            _CONNECT_ATTRIBUTE: connect / 1e9,
-            _FIRST_TOKEN_ATTRIBUTE: first_token / 1e9,
-            _STREAM_ATTRIBUTE: stream / 1e9,
-            _POST_ATTRIBUTE: post / 1e9,
-            names.BUCKET_DOMINANT: names.BUCKETS[buckets.index(max(buckets))],  # ties: the earlier
-        }
-        attempts = self.attempts
-        if len(attempts) > 1:
-            failed = attempts[:-1]
-            attributes[names.RETRY_COUNT] = len(failed)
-            attributes[names.RETRY_CAUSES] = tuple([attempt.cause or "unknown" for attempt in failed])
-            if self.wasted_output_tokens:
-                attributes[names.RETRY_WASTED_OUTPUT_TOKENS] = self.wasted_output_tokens
-            for attempt, following in itertools.pairwise(attempts):
-                span.add_event(names.EVENT_RETRY, *self._retry_event(attempt, following))
-        if attempts:
-            opened = 0
-            for attempt in attempts:
-                if attempt.new_connection:
-                    opened += 1
-            if opened:
-                attributes[names.CONNECT_NEW] = opened
-            attributes[names.CONNECT_REUSED] = not attempts[-1].new_connection
-        if final_status is not None:
-            attributes[names.HTTP_RESPONSE_STATUS_CODE] = final_status
-        if self.stream:
-            attributes[names.STREAM_CHUNKS] = self.chunks
-            attributes[names.STREAM_OUTCOME] = outcome
-            if attempts and attempts[-1].body_done_ns is None and attempts[-1].status is not None:
-                attributes[names.STREAM_CLOSED_BEFORE_END] = True
-            if self.first_chunk_ns:
-                attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = seconds(
-                    self.first_chunk_ns - self.issued_ns()
-                )
-                for event, at in (
-                    (names.EVENT_FIRST_TOKEN, self.first_chunk_ns),
-                    (names.EVENT_LAST_TOKEN, self.last_chunk_ns),
-                ):
-                    span.add_event(event, {names.ELAPSED: seconds(at - self.queued_ns)}, self.wall_ns(at))
-            gaps = self.gaps
-            if gaps is not None:
-                gaps.count = sum(gaps.counts)  # not counted chunk by chunk (`content_chunk`)
-            if gaps is not None and gaps.count:
-                p50, p95 = gaps.quantiles_ns(0.5, 0.95)
-                attributes[names.ITL_P50] = seconds(p50)
-                attributes[names.ITL_P95] = seconds(p95)
-                attributes[names.ITL_MAX] = seconds(gaps.max_ns)
-            speed = self.output_speed(stream)
-            if speed is not None:
-                attributes[names.OUTPUT_TOKENS_PER_SECOND] = speed
-        if self.response_id:
-            attributes[names.GEN_AI_RESPONSE_ID] = self.response_id
-        if self.response_model:
-            attributes[names.GEN_AI_RESPONSE_MODEL] = self.response_model
-        if self.finish_reasons:
-            attributes[names.GEN_AI_RESPONSE_FINISH_REASONS] = self.finish_reasons
-        if self.input_tokens is not None:
-            attributes[names.GEN_AI_USAGE_INPUT_TOKENS] = self.input_tokens
-        if self.output_tokens is not None:
-            attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] = self.output_tokens
-        if self.cache_read_tokens is not None:
-            attributes[names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = self.cache_read_tokens
-        if self.error_type:
-            attributes[names.ERROR_TYPE] = self.error_type
-            span.set_status(Status(StatusCode.ERROR, self.error_type))
-        span.set_attributes(attributes)
-
-    def _retry_event(self, attempt: Attempt, following: Attempt) -> tuple[dict[str, AttributeValue], int]:
-        """A failed attempt's `llmspans.retry` event: its cause, its status, the back-off that followed it;
-        at the moment it ended (when the client knew it had failed)."""
-        attributes: dict[str, AttributeValue] = {names.RETRY_CAUSE: attempt.cause or "unknown"}
-        if attempt.status is not None:
-            attributes[names.HTTP_RESPONSE_STATUS_CODE] = attempt.status
-        ended = attempt.ended_ns
-        if ended is not None:
-            attributes[names.RETRY_BACKOFF] = seconds(max(0, following.started_ns - ended))
-        return attributes, self.wall_ns(ended if ended is not None else following.started_ns)
 
     def output_speed(self, stream_ns: int) -> float | None:
         """Output tokens per second while streaming, where the server said how many: the first token's
@@ -854,6 +750,153 @@ class CallRecord:
                 seconds(self.last_chunk_ns - self.first_chunk_ns), seconds(self.gap_min), seconds(self.gap_max),
                 [seconds(value) for value in lasts], sample,
             )  # fmt: skip
+
+
+class CallFacts:
+    """What a call span's end is written from, taken from the call at its end (`write_span`).
+
+    On an SDK span it is written at once; a held span (`_held_span`) keeps this instead, and writes it only
+    if the span is built: for a trace tail sampling drops, never. A few hundred bytes: the call's record,
+    its sketch and its per-chunk counts are let go when the call ends.
+    """
+
+    __slots__ = (
+        "attempts", "budget", "cache_read_tokens", "chunks", "error_type", "finish_reasons", "first_chunk_ns",
+        "input_tokens", "issued", "itl", "keeps_trace", "last_chunk_ns", "later", "output_tokens", "queued_ns",
+        "response_id", "response_model", "stream", "wall_anchor_ns", "wasted_output_tokens", "written",
+    )  # fmt: skip
+
+    def __init__(
+        self, call: CallRecord, outcome: str, buckets: tuple[int, ...], final_status: int | None, duration_ns: int
+    ) -> None:  # fmt: skip
+        self.written = (outcome, buckets, final_status, duration_ns)
+        self.keeps_trace = False  # (under tail sampling, the call sets it)
+        self.attempts = call.attempts
+        self.budget = call.budget
+        self.wasted_output_tokens = call.wasted_output_tokens
+        self.stream = stream = call.stream
+        if stream:
+            self.chunks = call.chunks
+            self.first_chunk_ns = call.first_chunk_ns
+            self.last_chunk_ns = call.last_chunk_ns
+            self.itl = None if call.gaps is None else _itl(call.gaps)
+        self.issued = call.issued_ns()
+        self.queued_ns = call.queued_ns
+        self.wall_anchor_ns = call.wall_anchor_ns
+        self.response_id = call.response_id
+        self.response_model = call.response_model
+        self.finish_reasons = call.finish_reasons
+        self.input_tokens = call.input_tokens
+        self.output_tokens = call.output_tokens
+        self.cache_read_tokens = call.cache_read_tokens
+        self.error_type = call.error_type
+        self.later = call.later_reads
+
+    def wall_ns(self, monotonic_ns: int) -> int:
+        """Epoch time of a monotonic stamp, on the span's own time line (`CallRecord.wall_ns`)."""
+        return self.wall_anchor_ns + (monotonic_ns - self.queued_ns)
+
+    def write_span(self, span: Any) -> None:
+        """The call span's end: its budget, attributes, events and status (docs/telemetry.md lists which
+        attributes are left out when they carry nothing). On an SDK span when the call is written; on a held
+        span only when it is built (`_held_span.SpanFacts`)."""
+        outcome, buckets, final_status, duration_ns = self.written
+        later = self.later
+        if later is not None:  # what the adapter left to read until now (`CallRecord.later`), in order
+            self.later = None
+            for read, payload in later:
+                found = read(payload)
+                if found:
+                    span.set_attributes(found)
+        if self.budget is not None:
+            _budget.record_on_span(span, self.budget, duration_ns)
+        queue, retry, connect, first_token, stream, post = buckets
+        attributes: dict[str, AttributeValue] = {  # `seconds`, inlined
+            _QUEUE_ATTRIBUTE: queue / 1e9,
+            _RETRY_ATTRIBUTE: retry / 1e9,
+            _CONNECT_ATTRIBUTE: connect / 1e9,
+            _FIRST_TOKEN_ATTRIBUTE: first_token / 1e9,
+            _STREAM_ATTRIBUTE: stream / 1e9,
+            _POST_ATTRIBUTE: post / 1e9,
+            names.BUCKET_DOMINANT: names.BUCKETS[buckets.index(max(buckets))],  # ties: the earlier
+        }
+        attempts = self.attempts
+        if len(attempts) > 1:
+            failed = attempts[:-1]
+            attributes[names.RETRY_COUNT] = len(failed)
+            attributes[names.RETRY_CAUSES] = tuple([attempt.cause or "unknown" for attempt in failed])
+            if self.wasted_output_tokens:
+                attributes[names.RETRY_WASTED_OUTPUT_TOKENS] = self.wasted_output_tokens
+            for attempt, following in itertools.pairwise(attempts):
+                span.add_event(names.EVENT_RETRY, *self._retry_event(attempt, following))
+        if attempts:
+            opened = 0
+            for attempt in attempts:
+                if attempt.new_connection:
+                    opened += 1
+            if opened:
+                attributes[names.CONNECT_NEW] = opened
+            attributes[names.CONNECT_REUSED] = not attempts[-1].new_connection
+        if final_status is not None:
+            attributes[names.HTTP_RESPONSE_STATUS_CODE] = final_status
+        if self.stream:
+            attributes[names.STREAM_CHUNKS] = self.chunks
+            attributes[names.STREAM_OUTCOME] = outcome
+            if attempts and attempts[-1].body_done_ns is None and attempts[-1].status is not None:
+                attributes[names.STREAM_CLOSED_BEFORE_END] = True
+            if self.first_chunk_ns:
+                attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = seconds(
+                    self.first_chunk_ns - self.issued
+                )
+                for event, at in (
+                    (names.EVENT_FIRST_TOKEN, self.first_chunk_ns),
+                    (names.EVENT_LAST_TOKEN, self.last_chunk_ns),
+                ):
+                    span.add_event(event, {names.ELAPSED: seconds(at - self.queued_ns)}, self.wall_ns(at))
+            itl = self.itl
+            if itl is not None:
+                attributes[names.ITL_P50] = seconds(itl[0])
+                attributes[names.ITL_P95] = seconds(itl[1])
+                attributes[names.ITL_MAX] = seconds(itl[2])
+            tokens = self.output_tokens  # `CallRecord.output_speed`
+            if tokens is not None and tokens > 1 and stream > 0:
+                attributes[names.OUTPUT_TOKENS_PER_SECOND] = (tokens - 1) / seconds(stream)
+        if self.response_id:
+            attributes[names.GEN_AI_RESPONSE_ID] = self.response_id
+        if self.response_model:
+            attributes[names.GEN_AI_RESPONSE_MODEL] = self.response_model
+        if self.finish_reasons:
+            attributes[names.GEN_AI_RESPONSE_FINISH_REASONS] = self.finish_reasons
+        if self.input_tokens is not None:
+            attributes[names.GEN_AI_USAGE_INPUT_TOKENS] = self.input_tokens
+        if self.output_tokens is not None:
+            attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] = self.output_tokens
+        if self.cache_read_tokens is not None:
+            attributes[names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = self.cache_read_tokens
+        if self.error_type:
+            attributes[names.ERROR_TYPE] = self.error_type
+            span.set_status(Status(StatusCode.ERROR, self.error_type))
+        span.set_attributes(attributes)
+
+    def _retry_event(self, attempt: Attempt, following: Attempt) -> tuple[dict[str, AttributeValue], int]:
+        """A failed attempt's `llmspans.retry` event: its cause, its status, the back-off that followed it;
+        at the moment it ended (when the client knew it had failed)."""
+        attributes: dict[str, AttributeValue] = {names.RETRY_CAUSE: attempt.cause or "unknown"}
+        if attempt.status is not None:
+            attributes[names.HTTP_RESPONSE_STATUS_CODE] = attempt.status
+        ended = attempt.ended_ns
+        if ended is not None:
+            attributes[names.RETRY_BACKOFF] = seconds(max(0, following.started_ns - ended))
+        return attributes, self.wall_ns(ended if ended is not None else following.started_ns)
+
+
+def _itl(gaps: GapSketch) -> tuple[int, int, int] | None:
+    """A stream's inter-token p50, p95 and maximum (ns) from its sketch; None without a gap."""
+    gaps.count = sum(gaps.counts)  # not counted chunk by chunk (`content_chunk`)
+    if not gaps.count:
+        return None
+    p50, p95 = gaps.quantiles_ns(0.5, 0.95)
+    return p50, p95, gaps.max_ns
 
 
 def _ignore_gap(_gap_ns: int) -> None:

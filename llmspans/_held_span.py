@@ -245,7 +245,7 @@ class HeldSpan(trace.Span):
     """
 
     __slots__ = (
-        "_attributes", "_end_time", "_events", "_kind", "_links", "_name", "_parent", "_plan",
+        "_attributes", "_end_time", "_events", "_facts_at", "_kind", "_links", "_name", "_parent", "_plan",
         "_start_time", "_status", "_writes", "context", "dropped", "facts",
     )  # fmt: skip
 
@@ -261,10 +261,11 @@ class HeldSpan(trace.Span):
         self._attributes = attributes  # as given (read-only, llmspans' own, already clean)
         self._start_time = start_time if start_time is not None else time_ns()
         self._end_time: int | None = None
-        # Attribute writes in order: a cleaned mapping, `_Lazy` (llmspans' own, read when built), or
-        # `_FACTS` (where the owner's end goes). Events likewise: an SDK `Event`, an `_OwnEvent` or `_FACTS`.
+        # Attribute writes in order: a cleaned mapping, or `_Lazy` (llmspans' own, read when built). Events
+        # likewise: an SDK `Event`, or an `_OwnEvent`. Where the owner's end goes among them: `_facts_at`.
         self._writes: list[Any] | None = None
         self._events: list[Any] | None = None
+        self._facts_at = 0  # writes << 32 | events, as they stood at `mark_facts`
         self._links: list[Link] | None = None
         self._status = _UNSET
         self.dropped = 0  # attributes the cleaning dropped (bad keys), as the SDK counts them
@@ -299,8 +300,7 @@ class HeldSpan(trace.Span):
     @property
     def attributes(self) -> Mapping[str, AttributeValue]:
         """What was set on it so far (its owner's end is not written until it is built)."""
-        writes = [write for write in self._writes or () if write is not _FACTS]
-        return MappingProxyType(self._folded(_resolved(writes)))
+        return MappingProxyType(self._folded(_resolved(self._writes or [])))
 
     def get_span_context(self) -> SpanContext:
         return self.context
@@ -379,14 +379,9 @@ class HeldSpan(trace.Span):
         if self._end_time is not None:
             return
         self.facts = facts
-        if self._writes is None:
-            self._writes = [_FACTS]
-        else:
-            self._writes.append(_FACTS)
-        if self._events is None:
-            self._events = [_FACTS]
-        else:
-            self._events.append(_FACTS)
+        writes, events = self._writes, self._events
+        if writes is not None or events is not None:
+            self._facts_at = (len(writes) if writes else 0) << 32 | (len(events) if events else 0)
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         if not (context and (context.is_valid or (attributes or context.trace_state))):
@@ -489,10 +484,9 @@ class HeldSpan(trace.Span):
             facts.write_span(own)
             if own.status is not None:
                 self._status = own.status
-            at = writes.index(_FACTS) if _FACTS in writes else len(writes)
-            writes[at : at + 1] = own.writes
-            at = events.index(_FACTS) if _FACTS in events else len(events)
-            events[at : at + 1] = own.events
+            at = self._facts_at
+            writes[at >> 32 : at >> 32] = own.writes
+            events[at & 0xFFFFFFFF : at & 0xFFFFFFFF] = own.events
             self._writes, self._events = writes, events
         return _resolved(writes), events
 
@@ -587,11 +581,6 @@ class HeldSpan(trace.Span):
         return bounded
 
 
-class _Marker:
-    """Where a held span's owner writes its end, among the span's writes and events."""
-
-
-_FACTS: Final = _Marker()
 _EMPTY_EVENT: Mapping[str, AttributeValue] = MappingProxyType({})
 
 
@@ -669,10 +658,10 @@ def _bounded(items: Sequence[Any] | None, most: int | None) -> Sequence[Any]:
 
 
 def _resolved(writes: list[Any]) -> list[Mapping[str, AttributeValue]]:
-    """The writes with each `_Lazy` read (and any stray marker left out)."""
-    if not any(type(write) is _Lazy or write is _FACTS for write in writes):
+    """The writes with each `_Lazy` read."""
+    if not any(type(write) is _Lazy for write in writes):
         return writes
-    return [write.read() if type(write) is _Lazy else write for write in writes if write is not _FACTS]
+    return [write.read() if type(write) is _Lazy else write for write in writes]
 
 
 def _keeping(write: Mapping[str, AttributeValue]) -> bool:

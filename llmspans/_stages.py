@@ -25,7 +25,7 @@ from typing import Any, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from llmspans import _budget, _deferred, _guard, _held_span, _openinference, _suppress, _telemetry
@@ -150,7 +150,7 @@ class Scope:
             except Exception as failure:  # a span processor that raises must not reach the app
                 report(sites.STAGE_SPAN_END, failure)
             if type(span) is HeldSpan:  # it holds this scope for its end: let go of it (no cycle)
-                self.span = trace.NonRecordingSpan(span.context)
+                self.span = INVALID_SPAN
                 self.context = _ENDED_CONTEXT
 
     def _write(self, elapsed_ns: int, error: BaseException | None, cut: bool) -> None:
@@ -640,7 +640,7 @@ class turn:
             except Exception as failure:
                 report(sites.TURN_SPAN_END, failure)
             if type(span) is HeldSpan:  # it holds the entry for its end: let go of it (no cycle)
-                entry.span = trace.NonRecordingSpan(span.context)
+                entry.span = INVALID_SPAN
 
     @guarded(sites.TURN_FINISH, None)
     def _write(self, entry: _TurnEntry, elapsed_ns: int, error: BaseException | None) -> None:

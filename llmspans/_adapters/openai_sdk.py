@@ -114,7 +114,7 @@ def _usage(record: CallRecord, usage: Any) -> None:
             record.set_attributes(more)
 
 
-def _usage_attributes(record: CallRecord, usage: Any) -> Mapping[str, Any] | None:
+def _usage_attributes(usage: Any) -> Mapping[str, Any] | None:
     return _openai_wire.usage_attributes(usage)
 
 
@@ -127,15 +127,21 @@ def _first_chunk(record: CallRecord, item: Any) -> None:
             record.set_attributes(more)
 
 
-def _response_attributes(record: CallRecord, item: Any) -> Mapping[str, Any] | None:
+def _response_attributes(item: Any) -> Mapping[str, Any] | None:
     return _openai_wire.response_attributes(_openai_wire.fields(item))
 
 
-def _outcome(record: CallRecord, result: Any) -> Mapping[str, Any] | None:
-    """A whole response's id, finish reasons and span attributes, read for a held span when it is written."""
+def _outcome(result: Any) -> Mapping[str, Any] | None:
+    """A whole response's id, finish reasons and span attributes, read for a held span when it is written
+    (what `_apply` sets on the call otherwise, as the attributes the call would write from it)."""
     info = _openai_wire.read_outcome(result)
-    record.set_response(info.response_id, info.model, info.finish_reasons)
-    return info.attributes
+    found: dict[str, Any] = dict(info.attributes or {})
+    if info.response_id:
+        found[names.GEN_AI_RESPONSE_ID] = info.response_id
+    reasons = tuple(str(reason) for reason in info.finish_reasons if reason)
+    if reasons:
+        found[names.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
+    return found
 
 
 def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
