@@ -223,6 +223,10 @@ class CallRecord:
     span: Span = INVALID_SPAN
     recording = False
     budget: float | None = None
+    # A held span's end, from the call's end until the span is built or its facts compacted (`_held_span`):
+    # outcome, buckets, final status, duration; and whether something in it keeps its trace whole.
+    written: tuple[str, tuple[int, ...], int | None, int] = ("", (0, 0, 0, 0, 0, 0), None, 0)
+    keeps_trace = False
     # What only its span needs from the answer, read when the span is written (`later`): (reader, payload).
     later_reads: list[tuple[Callable[[Any], Mapping[str, AttributeValue] | None], Any]] | None = None
 
@@ -511,6 +515,19 @@ class CallRecord:
         if self.recording:
             self.span.set_attributes(attributes)
 
+    # --- a held span's facts (`_held_span.SpanFacts`) ---------------------------------------------------
+
+    def write_span(self, span: Any) -> None:
+        """Its held span is built (its trace kept, or its end on a plain provider): its end, written now."""
+        CallFacts(self, *self.written).write_span(span)
+
+    def compact(self) -> CallFacts:
+        """Its held span is kept waiting for its trace's decision: what it needs of this record, a few hundred
+        bytes, so the record itself (and its sketch and per-chunk counts) can go."""
+        facts = CallFacts(self, *self.written)
+        facts.keeps_trace = self.keeps_trace
+        return facts
+
     def later(self, read: Callable[[Any], Mapping[str, AttributeValue] | None], payload: Any) -> bool:
         """For a held span (`_held_span`): read `payload` (an answer, a chunk, a usage block) for the attributes
         only the span needs (`read(payload)`) when the span is written, which under tail sampling is only if
@@ -660,12 +677,12 @@ class CallRecord:
         exceeded = self.budget is not None and _budget.exceeded(self.budget, duration_ns)
         if self.recording:
             span = self.span
-            facts = CallFacts(self, outcome, buckets, final_status, duration_ns)
-            if type(span) is HeldSpan:  # its end is written if it is ever built, from its facts: not now
-                facts.keeps_trace = bool(self.error_type) or len(attempts) > 1 or exceeded
-                span.mark_facts(facts)
+            if type(span) is HeldSpan:  # its end is written if it is ever built (`write_span`): not now
+                self.written = (outcome, buckets, final_status, duration_ns)
+                self.keeps_trace = bool(self.error_type) or len(attempts) > 1 or exceeded
+                span.mark_facts(self)
             else:
-                facts.write_span(span)
+                CallFacts(self, outcome, buckets, final_status, duration_ns).write_span(span)
             if self.server_state is not None:
                 self.stamp_server_state()
             # Phase spans only where someone will look (a slow call): a fast call pays this comparison.
@@ -795,6 +812,9 @@ class CallFacts:
     def wall_ns(self, monotonic_ns: int) -> int:
         """Epoch time of a monotonic stamp, on the span's own time line (`CallRecord.wall_ns`)."""
         return self.wall_anchor_ns + (monotonic_ns - self.queued_ns)
+
+    def compact(self) -> CallFacts:
+        return self
 
     def write_span(self, span: Any) -> None:
         """The call span's end: its budget, attributes, events and status (docs/telemetry.md lists which

@@ -85,6 +85,10 @@ class SpanFacts(Protocol):
 
     keeps_trace: bool
 
+    def compact(self) -> SpanFacts:
+        """What to keep while the span waits for its trace's decision: itself, or less (a call's facts
+        without its record)."""
+
     def write_span(self, span: Any) -> None:
         """Write the end-of-span attributes, events and status on `span`: an SDK span, or what a held span
         collects them in when it is built (`set_attributes`, `add_event`, `set_status`, `start_time`)."""
@@ -112,16 +116,22 @@ class Holder(SpanProcessor):
 class Plan:
     """How spans of one tracer are made, for the processors its provider has now."""
 
-    __slots__ = ("members", "mode", "processor", "sample", "tracer")
+    __slots__ = ("ids", "members", "mode", "multi", "processor", "random", "sample", "static", "tracer")
 
     def __init__(
-        self, tracer: SdkTracer, members: tuple[SpanProcessor, ...], mode: str, processor: Any
+        self, tracer: SdkTracer, multi: Any, members: tuple[SpanProcessor, ...], mode: str, processor: Any
     ) -> None:
         self.tracer = tracer
+        self.multi = multi
         self.members = members
         self.mode = mode
         self.processor = processor  # HEAD: the provider's processor; TAIL: the tail-sampling processor
-        self.sample = _fast_sampler(tracer.sampler)
+        self.ids = ids = tracer.id_generator
+        self.random = bool(ids.is_trace_id_random())
+        sampler = tracer.sampler
+        # The decision of an always-on or -off sampler; else a function of the parent (`_fast_sampler`).
+        self.static = _internals.static_decision(sampler) if type(sampler) is StaticSampler else None
+        self.sample = _fast_sampler(sampler)
 
 
 _last_plan: Plan | None = None
@@ -131,10 +141,12 @@ _plan_lock = threading.Lock()
 def plan_of(tracer: Any) -> Plan | None:
     """The plan for spans of `tracer` now; None: the SDK makes them (see the module's docstring)."""
     found = _last_plan
-    if found is not None and found.tracer is tracer:
-        members = _internals.span_processors(tracer.span_processor)
-        if members is found.members:
-            return found if found.mode else None
+    if (
+        found is not None
+        and found.tracer is tracer
+        and _internals.processors_of(found.multi) is found.members
+    ):
+        return found if found.mode else None
     return _new_plan(tracer)
 
 
@@ -153,7 +165,7 @@ def _new_plan(tracer: Any) -> Plan | None:
             mode, processor = TAIL, members[0]
     elif members and all(quiet_at_start(member) for member in members):
         mode = HEAD
-    plan = Plan(tracer, members, mode, processor)
+    plan = Plan(tracer, multi, members, mode, processor)
     with _plan_lock:
         _last_plan = plan
     return plan if mode else None
@@ -201,23 +213,24 @@ def start_span(
     parent: SpanContext | None = trace.get_current_span(context).get_span_context()
     if parent is not None and not parent.is_valid:
         parent = None
-    ids = tracer.id_generator
+    ids = plan.ids
     trace_id = ids.generate_trace_id() if parent is None else parent.trace_id
-    sample = plan.sample
-    if sample is not None:
-        decision = sample(parent)
+    decision = plan.static
+    if decision is not None or plan.sample is not None:
+        if decision is None:
+            decision = plan.sample(parent)  # type: ignore[misc]
         state = parent.trace_state if parent is not None else None
-        if decision is not _DROP and attributes is None:
+        if attributes is None and decision is not _DROP:
             attributes = _NO_ATTRIBUTES
     else:
         result = tracer.sampler.should_sample(context, trace_id, name, kind, attributes, ())
         decision, state, attributes = result.decision, result.trace_state, result.attributes
-    random = ids.is_trace_id_random() if parent is None else parent.trace_flags.random_trace_id
+    random = plan.random if parent is None else parent.trace_flags.random_trace_id
     if decision is _RECORD_AND_SAMPLE:
         flags = _SAMPLED_RANDOM if random else _SAMPLED
     else:
         flags = _NOT_SAMPLED_RANDOM if random else _NOT_SAMPLED
-    span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, state)
+    span_context = _internals.span_context(trace_id, ids.generate_span_id(), flags, state)
     if decision is _DROP:
         return trace.NonRecordingSpan(span_context)
     if decision is not _RECORD_AND_SAMPLE:  # recorded but not sampled (RECORD_ONLY): the SDK's own span
@@ -462,7 +475,17 @@ class HeldSpan(trace.Span):
         else:
             plan.processor.hold(self)
 
-    # --- building ----------------------------------------------------------------------------------------
+    # --- waiting, building ---------------------------------------------------------------------------------
+
+    def wait(self) -> None:
+        """Its trace's decision is still to come (the tail-sampling processor holds it): keep the least."""
+        facts = self.facts
+        if facts is not None:
+            self.facts = facts.compact()
+
+    def drop(self) -> None:
+        """Its trace was dropped: it lets go of its owner (which may hold it), and is never built."""
+        self.facts = None
 
     def keeps_trace(self) -> bool:
         """Whether this span by itself keeps its trace whole: failed, over budget, retried or hedged."""

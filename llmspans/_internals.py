@@ -10,6 +10,7 @@ upgrade has this one module to look at.
 from __future__ import annotations
 
 import importlib.metadata
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -184,6 +185,22 @@ def span_processors(multi: Any) -> tuple[Any, ...] | None:
     return found if isinstance(found, tuple) else None
 
 
+processors_of = operator.attrgetter("_span_processors")
+"""`span_processors` without the checks, for a processor `span_processors` already found them on."""
+
+_TRACE_ID_MAX = (1 << 128) - 1
+_SPAN_ID_MAX = (1 << 64) - 1
+
+
+def span_context(trace_id: int, span_id: int, flags: Any, state: Any) -> Any:
+    """A local `SpanContext`, made as its `__new__` makes it (a tuple of the ids, `is_remote`, the flags, the
+    state and whether the ids are valid) without its Python checks: the ids are ints from an id generator."""
+    from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext
+
+    valid = 0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX
+    return tuple.__new__(SpanContext, (trace_id, span_id, False, flags, state or DEFAULT_TRACE_STATE, valid))
+
+
 def tracer_is_plain(tracer: Any) -> bool:
     """A tracer a held span can stand in for: enabled by its configurator, without the SDK's own span
     metrics (`OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED`), with its limits and scope where they were."""
@@ -272,7 +289,7 @@ def end_without_processors(span: Any, end_time: int | None) -> None:
     "Tracer._tracer_config, _tracer_metrics, _span_limits, _instrumentation_scope; "
     "TracerProvider._active_span_processor; SynchronousMultiSpanProcessor._span_processors, _lock; "
     "StaticSampler._decision; ParentBased's delegates; "
-    "SpanProcessor._on_ending; opentelemetry.sdk.trace._Span, Span._end_time; "
+    "SpanProcessor._on_ending; opentelemetry.sdk.trace._Span, Span._end_time; SpanContext's tuple; "
     "opentelemetry.attributes._clean_attribute_value, BoundedAttributes._immutable",
     ("opentelemetry-sdk", "opentelemetry-api"),
     checked="1.45.2",
@@ -283,6 +300,7 @@ def end_without_processors(span: Any, end_time: int | None) -> None:
 def _held_span_parts_present() -> bool:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON
+    from opentelemetry.trace import SpanContext
 
     provider = TracerProvider()
     provider.add_span_processor(SpanProcessor())
@@ -301,6 +319,10 @@ def _held_span_parts_present() -> bool:
         and hasattr(span, "_end_time")
         and hasattr(getattr(span, "_attributes", None), "_immutable")
         and clean_attributes({"a": [1]}, None) == {"a": (1,)}
+        and processors_of(getattr(tracer, "span_processor", None)) is members
+        and span_context(5, 6, span.get_span_context().trace_flags, None)
+        == SpanContext(5, 6, False, span.get_span_context().trace_flags)
+        and span_context(0, 6, span.get_span_context().trace_flags, None).is_valid is False
     )
     span.end()
     provider.shutdown()
@@ -342,6 +364,44 @@ def _client_transport_present() -> bool:
             continue
         with library.Client() as client:
             present = present and client_transport(client) is not None and client_mounts(client) is not None
+    return present
+
+
+_LOWER_KEY = operator.itemgetter(1)
+
+
+def add_header(headers: Any, lower_key: bytes, value: str) -> bool:
+    """Add a header the request does not have yet to an httpx or httpx2 `Headers`, as its `__setitem__` would
+    (raw and lowered key, the value encoded), without its scan for duplicates in Python; False when the request
+    has the header already, or the headers keep their list elsewhere: the caller sets it the public way."""
+    items = getattr(headers, "_list", None)
+    if type(items) is not list or lower_key in map(_LOWER_KEY, items):
+        return False
+    encoded = value.encode(getattr(headers, "_encoding", None) or "utf-8")
+    items.append((lower_key, lower_key, encoded))
+    return True
+
+
+@_reach(
+    "Headers._list, Headers._encoding (httpx and httpx2)",
+    ("httpx", "httpx2"),
+    checked="httpx 0.28.1, httpx2 2.16.2",
+    fallback="the transport sets traceparent through Headers.__setitem__ (a scan of the headers in Python)",
+)
+def _headers_list_present() -> bool:
+    present = True
+    for module in ("httpx", "httpx2"):
+        try:
+            library = importlib.import_module(module)
+        except ImportError:
+            continue
+        headers = library.Headers({"Accept": "x"})
+        present = present and add_header(headers, b"traceparent", "v") and headers.get("traceparent") == "v"
+        present = (
+            present
+            and headers.raw[-1] == (b"traceparent", b"v")
+            and not add_header(headers, b"traceparent", "w")
+        )
     return present
 
 

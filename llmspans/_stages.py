@@ -170,6 +170,9 @@ class Scope:
         if self.turn is not None:
             self.turn.add(self.stage, elapsed_ns)
 
+    def compact(self) -> Scope:
+        return self
+
     def write_span(self, span: Any) -> None:
         """The stage span's end: the exception's type, a cut, the budget (`_held_span.SpanFacts`)."""
         if self.error_type is not None:
@@ -583,6 +586,9 @@ class _TurnEntry:
         self.ctx_token: Any = None
         self.state_token: Any = None
         self.started_ns = time.perf_counter_ns()
+
+    def compact(self) -> _TurnEntry:
+        return self
 
     def write_span(self, span: Any) -> None:
         """The turn span's end: the exception's type, the seconds per stage, the dominant stage, the budget."""

@@ -396,15 +396,18 @@ class TailSamplingProcessor(Holder):
             if _guard.faults:
                 _guard.check_fault(sites.TAIL_SAMPLING_DECIDE)
             context = span.context
-            if context is None or not context.trace_flags.sampled or self._shutdown:
+            held_span = type(span) is HeldSpan  # (sampled, by how it was made)
+            if context is None or self._shutdown or not (held_span or context.trace_flags.sampled):
                 return
-            trace_id = context.trace_id
+            trace_id = context[0]  # `trace_id`: the tuple's first member, without the property's call
             now = time.monotonic_ns()
             with self._lock:
                 weight = self._decided.get(trace_id)
                 if weight is not None:  # a span ending after its trace was decided follows it
                     if weight:
                         decisions.append(([span], weight))
+                    elif held_span:
+                        span.drop()  # type: ignore[union-attr]
                 else:
                     held = self._held.get(trace_id)
                     parent = span.parent
@@ -413,10 +416,13 @@ class TailSamplingProcessor(Holder):
                         decision = self._decide_alone(trace_id, span)
                         if decision[1]:
                             decisions.append(decision)
-                        self._enforce_caps(now, decisions, overflows)
+                        if self._held:
+                            self._enforce_caps(now, decisions, overflows)
                         return
                     if held is None:
                         held = self._held[trace_id] = _Held(now)
+                    if held_span:  # kept waiting for its trace's decision: it keeps the least it can
+                        span.wait()  # type: ignore[union-attr]
                     held.spans.append(span)
                     self._held_spans += 1
                     if not held.keep and _must_keep(span):
@@ -548,7 +554,12 @@ class TailSamplingProcessor(Holder):
         decided[trace_id] = weight
         if len(decided) > RECENT_DECISIONS:
             decided.popitem(last=False)
-        return (spans, weight) if weight else ([], 0.0)
+        if weight:
+            return spans, weight
+        for span in spans:  # dropped: held spans let go of their owners now
+            if type(span) is HeldSpan:
+                span.drop()
+        return [], 0.0
 
     # --- handing on ----------------------------------------------------------------------------------
 
