@@ -15,8 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import attributes as _attributes
 from opentelemetry import baggage as _baggage
 from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.trace import DEFAULT_TRACE_STATE as _DEFAULT_TRACE_STATE
+from opentelemetry.trace import SpanContext as _SpanContext
 from opentelemetry.trace import propagation as _propagation
 
 
@@ -188,6 +191,8 @@ def span_processors(multi: Any) -> tuple[Any, ...] | None:
 processors_of = operator.attrgetter("_span_processors")
 """`span_processors` without the checks, for a processor `span_processors` already found them on."""
 
+_new_tuple = tuple.__new__
+_clean_attribute_value: Any = getattr(_attributes, "_clean_attribute_value", None)
 _TRACE_ID_MAX = (1 << 128) - 1
 _SPAN_ID_MAX = (1 << 64) - 1
 
@@ -195,10 +200,8 @@ _SPAN_ID_MAX = (1 << 64) - 1
 def span_context(trace_id: int, span_id: int, flags: Any, state: Any) -> Any:
     """A local `SpanContext`, made as its `__new__` makes it (a tuple of the ids, `is_remote`, the flags, the
     state and whether the ids are valid) without its Python checks: the ids are ints from an id generator."""
-    from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext
-
     valid = 0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX
-    return tuple.__new__(SpanContext, (trace_id, span_id, False, flags, state or DEFAULT_TRACE_STATE, valid))
+    return _new_tuple(_SpanContext, (trace_id, span_id, False, flags, state or _DEFAULT_TRACE_STATE, valid))
 
 
 def tracer_is_plain(tracer: Any) -> bool:
@@ -210,7 +213,8 @@ def tracer_is_plain(tracer: Any) -> bool:
         return False
     config = getattr(tracer, "_tracer_config", None)
     return (
-        getattr(config, "is_enabled", False) is True
+        _clean_attribute_value is not None
+        and getattr(config, "is_enabled", False) is True
         and type(getattr(tracer, "_tracer_metrics", None)) is NoOpTracerMetrics
         and hasattr(tracer, "_span_limits")
         and hasattr(tracer, "_instrumentation_scope")
@@ -247,8 +251,6 @@ def parent_based_delegates(sampler: Any) -> tuple[Any, ...] | None:
 def clean_attributes(attributes: Mapping[str, Any], max_length: int | None) -> Mapping[str, Any]:
     """Attributes cleaned as an SDK span cleans them when they are set (sequences become tuples, bad keys
     and values are dropped or made strings, strings cut at `max_length`)."""
-    from opentelemetry.attributes import _clean_attribute_value
-
     cleaned: Mapping[str, Any] = _clean_attribute_value(attributes, max_length)
     return cleaned
 
