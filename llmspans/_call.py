@@ -19,8 +19,9 @@ import itertools
 import threading
 import time
 import weakref
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import accumulate
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -34,12 +35,8 @@ from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import seconds
-from llmspans._gaps import LINEAR as _SKETCH_LINEAR
-from llmspans._gaps import MAX_BITS as _SKETCH_MAX_BITS
 from llmspans._gaps import SIZE as _SKETCH_SIZE
-from llmspans._gaps import SUB as _SKETCH_SUB
-from llmspans._gaps import SUB_BITS as _SKETCH_SUB_BITS
-from llmspans._gaps import GapSketch
+from llmspans._gaps import GapSketch, bucket_bounds, bucket_index
 from llmspans._guard import check_fault, guarded, report
 from llmspans._held_span import HeldSpan
 from llmspans._stages import TurnTotals, current_turn
@@ -48,12 +45,27 @@ if TYPE_CHECKING:
     from llmspans._limiter import Admission, Limiter
 
 T = TypeVar("T")
-# The inlined `GapSketch.add` of `content_chunk`: `_LINEAR + (shift - 1) * _SUB` is `_SKETCH_BASE + shift * _SUB`.
-_SKETCH_BASE = _SKETCH_LINEAR - _SKETCH_SUB
-_SKETCH_MASK = _SKETCH_SUB - 1
-_SKETCH_LINEAR_BITS = _SKETCH_SUB_BITS + 1  # a gap of at most this many bits is counted exactly
+
 _CHUNK_BOUNDS = metric.CHUNK_BOUNDARIES_NS
 _CHUNK_BUCKETS = len(_CHUNK_BOUNDS) + 1
+# One table of gap buckets serves a stream's two counts: every bucket of the inter-token sketch (`_gaps`)
+# and of the conventions' per-chunk histogram (gaps up to a boundary, inclusive) is a run of these, so a
+# chunk costs one `bisect` and one increment, and both counts are read from them at the end. `_FINE` holds
+# each bucket's lowest gap (ns); a gap's bucket is `bisect_right(_FINE, gap)`, from 1 (0 stays empty).
+_FINE: tuple[int, ...] = tuple(
+    sorted(
+        {bucket_bounds(index)[0] for index in range(_SKETCH_SIZE)}
+        | {0}
+        | {bound + 1 for bound in _CHUNK_BOUNDS}
+    )
+)
+_FINE_SIZE = len(_FINE) + 1
+_CHUNK_OF: tuple[int, ...] = (0, *(bisect_left(_CHUNK_BOUNDS, low) for low in _FINE))
+_SKETCH_OF: tuple[int, ...] = (0, *(bucket_index(low) for low in _FINE))
+# Where each histogram bucket's run of fine buckets ends (inclusive), for the counts at the end.
+_CHUNK_ENDS: tuple[int, ...] = tuple(
+    max(fine for fine in range(1, _FINE_SIZE) if _CHUNK_OF[fine] == index) for index in range(_CHUNK_BUCKETS)
+)
 # Outcomes that end while the client waits on the server: what follows the last chunk is the server's.
 _SERVER_ENDED = frozenset({names.OUTCOME_ERROR, names.OUTCOME_CANCELLED})
 
@@ -207,8 +219,9 @@ class CallRecord:
     # Gaps between chunks: the conventions' per-chunk histogram, counted as they come (or recorded
     # one by one where the SDK aggregates: `chunk_live`), and for a recording span a finer sketch
     # for its inter-token percentiles.
-    gaps: GapSketch | None = None
-    chunk_counts: list[int] | None = None
+    gap_counts: list[int] | None = None  # by `_FINE` bucket, from the second chunk on
+    itl_per_token: list[tuple[int, int]] | None = None  # (gap, tokens) of chunks that carried several tokens
+    one_token_max = 0  # from the first such chunk on, the largest gap of a one-token chunk
     chunk_lasts: list[int] | None = None
     chunk_live: Callable[[int], None] | None = None
     chunk_labels: metric.Labels | None = None
@@ -278,7 +291,7 @@ class CallRecord:
             if request_attributes is not None:
                 span.set_attributes(request_attributes())
             if stream:
-                self.gaps = GapSketch()
+                self.chunk_more = True  # its inter-token figures are read from the gaps at the end
 
     # --- instants -------------------------------------------------------------------------
 
@@ -408,44 +421,77 @@ class CallRecord:
             self.first_chunk_ns = now_ns
             return
         gap = now_ns - last
-        counts = self.chunk_counts
+        if tokens != 1 or self.itl_per_token is not None:  # (vLLM's continuous usage: rare)
+            self._per_token(gap, tokens)
+        counts = self.gap_counts
         if counts is None:
             counts = self._first_gap(gap)
         elif gap < self.gap_min:
             self.gap_min = gap
         elif gap > self.gap_max:
             self.gap_max = gap
-        index = bisect_left(_CHUNK_BOUNDS, gap)
-        counts[index] += 1  # (the chunks are these gaps and the first chunk: `chunks`)
+        fine = bisect_right(_FINE, gap)
+        counts[fine] += 1  # (the chunks are these gaps and the first chunk: `chunks`)
         if not self.chunk_more:  # an unsampled call's chunk: done
             return
         lasts = self.chunk_lasts
-        if lasts is not None:  # the exemplars' values: the last gap in each bucket
-            lasts[index] = gap
+        if lasts is not None:  # the exemplars' values: the last gap in each histogram bucket
+            lasts[_CHUNK_OF[fine]] = gap
         elif self.chunk_live is not None:  # the SDK's instrument records each gap itself
             self.chunk_live(gap)
-        gaps = self.gaps
-        if gaps is not None:
-            if tokens == 1:  # `GapSketch.add`, inlined (its count is taken at the end): once per chunk
-                if gap > gaps.max_ns:
-                    gaps.max_ns = gap
-                bits = gap.bit_length()
-                if _SKETCH_LINEAR_BITS < bits <= _SKETCH_MAX_BITS:  # nearly every gap: no clamp
-                    shift = bits - _SKETCH_SUB_BITS - 1
-                    gaps.counts[
-                        _SKETCH_BASE + (shift << _SKETCH_SUB_BITS) + ((gap >> shift) & _SKETCH_MASK)
-                    ] += 1
-                else:
-                    gaps.counts[gap if bits <= _SKETCH_LINEAR_BITS else _SKETCH_SIZE - 1] += 1
-            else:
-                per_token = gap // tokens
-                for _ in range(tokens):
-                    gaps.add(per_token)
+
+    def _per_token(self, gap: int, tokens: int) -> None:
+        """A chunk that carried several tokens (vLLM's continuous usage): its gap is each token's share in the
+        inter-token figures. From the first such chunk on, the largest gap of a one-token chunk is kept too
+        (before it, every gap was one: the largest so far, `gap_max`)."""
+        if tokens > 1:
+            if self.itl_per_token is None:
+                self.itl_per_token = []
+                self.one_token_max = self.gap_max if self.gap_counts is not None else 0
+            self.itl_per_token.append((gap, tokens))
+        elif gap > self.one_token_max:
+            self.one_token_max = gap
+
+    @property
+    def chunk_counts(self) -> list[int] | None:
+        """The per-chunk histogram's counts (gaps up to each of the conventions' boundaries), from the gaps."""
+        fine = self.gap_counts
+        if fine is None:
+            return None
+        running = list(accumulate(fine))
+        counts = [running[end] for end in _CHUNK_ENDS]
+        for index in range(_CHUNK_BUCKETS - 1, 0, -1):
+            counts[index] -= counts[index - 1]
+        return counts
+
+    @property
+    def gaps(self) -> GapSketch | None:
+        """The stream's inter-token sketch (`_gaps`), made from its gaps: for a span that records."""
+        if not (self.recording and self.stream):
+            return None
+        sketch = GapSketch()
+        fine = self.gap_counts
+        if fine is None:
+            return sketch
+        counts = sketch.counts
+        for index, count in enumerate(fine):
+            if count:
+                counts[_SKETCH_OF[index]] += count
+        sketch.max_ns = self.gap_max
+        spread = self.itl_per_token
+        if spread:
+            sketch.max_ns = self.one_token_max
+            for gap, tokens in spread:  # a chunk of several tokens: each token its share of the gap
+                counts[_SKETCH_OF[bisect_right(_FINE, gap)]] -= 1
+                counts[bucket_index(gap // tokens)] += tokens
+                sketch.max_ns = max(sketch.max_ns, gap // tokens)
+        sketch.count = sum(counts)
+        return sketch
 
     @property
     def chunks(self) -> int:
         """Content chunks so far: the first, and one per gap counted after it."""
-        counts = self.chunk_counts
+        counts = self.gap_counts
         if counts is not None:
             return 1 + sum(counts)
         return 1 if self.first_chunk_ns else 0
@@ -458,7 +504,7 @@ class CallRecord:
         for the exemplars where there can be any (a sampled span, or a filter that wants them all).
         """
         self.gap_min = self.gap_max = gap
-        counts = self.chunk_counts = [0] * _CHUNK_BUCKETS
+        counts = self.gap_counts = [0] * _FINE_SIZE
         if self.suppressed:
             return counts
         self.chunk_labels = self.shape.chunk_labels(self.response_model)
@@ -472,7 +518,7 @@ class CallRecord:
         except Exception as failure:
             report(sites.CALL_CHUNK_METRIC, failure)
             self.chunk_live = _ignore_gap
-        self.chunk_more = self.gaps is not None or self.chunk_lasts is not None or self.chunk_live is not None
+        self.chunk_more = self.chunk_lasts is not None or self.chunk_live is not None
         return counts
 
     def set_usage(self, input_tokens: Any, output_tokens: Any, cache_read_tokens: Any = None) -> None:
@@ -796,7 +842,7 @@ class CallFacts:
             self.chunks = call.chunks
             self.first_chunk_ns = call.first_chunk_ns
             self.last_chunk_ns = call.last_chunk_ns
-            self.itl = None if call.gaps is None else _itl(call.gaps)
+            self.itl = _itl(call) if call.recording else None
         self.issued = call.issued_ns()
         self.queued_ns = call.queued_ns
         self.wall_anchor_ns = call.wall_anchor_ns
@@ -910,13 +956,29 @@ class CallFacts:
         return attributes, self.wall_ns(ended if ended is not None else following.started_ns)
 
 
-def _itl(gaps: GapSketch) -> tuple[int, int, int] | None:
-    """A stream's inter-token p50, p95 and maximum (ns) from its sketch; None without a gap."""
-    gaps.count = sum(gaps.counts)  # not counted chunk by chunk (`content_chunk`)
-    if not gaps.count:
+def _itl(call: CallRecord) -> tuple[int, int, int] | None:
+    """A stream's inter-token p50, p95 and maximum (ns), as its sketch (`_gaps.GapSketch`) gives them: each
+    quantile the middle of its sketch bucket, capped at the largest gap; None without a gap."""
+    fine = call.gap_counts
+    if fine is None:
         return None
-    p50, p95 = gaps.quantiles_ns(0.5, 0.95)
-    return p50, p95, gaps.max_ns
+    if call.itl_per_token:  # chunks of several tokens: through the sketch itself
+        sketch = call.gaps
+        if sketch is None or not sketch.count:
+            return None
+        p50, p95 = sketch.quantiles_ns(0.5, 0.95)
+        return p50, p95, sketch.max_ns
+    running = list(accumulate(fine))
+    count = running[-1]
+    if not count:
+        return None
+    largest = call.gap_max
+    found = []
+    for q in (0.5, 0.95):  # `GapSketch.quantiles_ns`, on the finer buckets each sketch bucket is a run of
+        rank = max(1, min(count, round(q * count + 0.5 - 1e-9)))
+        low, high = bucket_bounds(_SKETCH_OF[bisect_left(running, rank)])
+        found.append(min((low + high - 1) // 2 if high - low > 1 else low, largest))
+    return found[0], found[1], largest
 
 
 def _ignore_gap(_gap_ns: int) -> None:
