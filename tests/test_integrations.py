@@ -445,7 +445,9 @@ def doc_section(page: str, title: str) -> str:
 
 
 def test_the_docs_name_only_published_ports(compose: dict[str, Any]) -> None:
-    text = doc_section("backends.md", "The local stack") + doc_section("backends.md", "The per-stage budget dashboard")
+    text = doc_section("backends.md", "The local stack") + doc_section(
+        "backends.md", "The per-stage budget dashboard"
+    )
     ports = {int(port) for port in re.findall(r"localhost:(\d+)", text)}
     assert {4318, 16686, 3000} <= ports
     all_published = {p for s in compose["services"] for p in published(compose, s)}
