@@ -33,6 +33,7 @@ import pytest
 
 from llmspans import _names as names
 from llmspans.load._cli import build_result
+from llmspans.load._html import render as render_html
 from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, Level, Result
 from llmspans.load._ray import Fleet, connect, generator_setups, notes
 from llmspans.load._requests import RequestRecord
@@ -40,6 +41,8 @@ from llmspans.load._runner import Runner, RunOutcome, new_run_id
 from llmspans.load._text import render as render_text
 from llmspans.load._workers import WorkerExport
 from llmspans.load._workload import Plan, Workload, parse_levels
+from llmspans.report._analysis import analyse
+from llmspans.report._sources.file import FileSource
 from llmspans.report._triage import FINDING_SERVER_QUEUE
 from llmspans.tools.capacity import Capacity
 from llmspans.tools.simulator import Behavior, SimulatedServer
@@ -256,6 +259,9 @@ async def test_the_knee_and_what_grew_on_two_generators_are_one_processs_for_the
         assert stats.server is not None  # the driver read vLLM's /metrics over the level
         assert {record.generator for record in records} == attributes
     assert "The generators on Ray" in text
+    assert render_html(spread.result).count('<tr class="generator"') == NODES
+    document = json.loads(json.dumps(spread.result.to_dict()))
+    assert [generator["attribute"] for generator in document["generators"]] == sorted(attributes)
     for generator in spread.outcome.generators:
         assert generator.requests == 18
         assert generator.lost == 0
@@ -310,6 +316,14 @@ async def test_the_open_loops_arrivals_are_one_machines_and_every_call_span_reac
         == dict.fromkeys(by_generator, 30)
     )
     assert {int(call[names.LIMITER_CAP]) for call in calls} == {3}  # OTLP-JSON: an int as a string
+    # `llmspans report` reads the run whole: both levels, every call.
+    report = analyse(
+        [span for batch in FileSource([traces], progress=False).batches() for span in batch], top=0
+    )
+    assert [(row.label, row.calls, row.failed) for row in report.levels] == [
+        ("rate=25", 30, 0),
+        ("rate=50", 30, 0),
+    ]  # OTLP-JSON: an int as a string
     assert not glob.glob(
         f"{tempfile.gettempdir()}/llmspans-load-{spread.runner.run_id}-*"
     )  # the generators' own files

@@ -16,10 +16,11 @@ lost; its requests in flight are counted as lost, the level says so, and the run
 others (`AllLost` when none is left). Ctrl-C and `--max-seconds` stop every part; the actors are killed
 when the run ends, whatever ended it.
 
-Ray is imported here only inside functions, and never by the instrumentation runtime. The one private
-Ray name used (`ray._private.services.canonicalize_bootstrap_address_or_die`, to find what `auto` means
-before connecting, since `ray.init` waits minutes on an address where no cluster is) was checked on
-Ray 2.60.
+Ray is imported here only inside functions, and never by the instrumentation runtime. Two private Ray
+names are used, both checked on Ray 2.60: `ray._private.services.canonicalize_bootstrap_address_or_die`,
+to find what `auto` means before connecting (`ray.init` waits minutes on an address where no cluster
+is), and `ray._private.worker._worker_logs_enabled`, off on a connection of ours: Ray echoes its
+raylets' messages (a generator's death) on the driver's stdout, which holds the result (`--json`) alone.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ def connect(address: str | None) -> Connection:
         ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False)
     except Exception as error:
         raise RayUnavailable(f"cannot connect to the Ray cluster at {target}: {_line(error)}") from None
+    with contextlib.suppress(Exception):  # the run says itself what happened to its generators
+        ray._private.worker._worker_logs_enabled = False  # checked on Ray 2.60
     return Connection(ray, target, ours=True)
 
 
