@@ -316,12 +316,14 @@ class Runner:
                 for share in deal_open(self._schedule(level, count, start), len(members))
             ]
         async with self._watching(level, records, count, sampler) as started:
+            cpu = time.process_time()  # the driver's share, as the runner's is counted with worker processes
             outcome = await fleet.run_level(members, parts, stop, records.extend)
+            cpu = time.process_time() - cpu + sum(part.cpu_s for part in outcome.done)
         records.sort(key=lambda record: record.index)
         self._issued += len(records) + outcome.lost
         return self._stats(
             level, records, [span for part in outcome.done for span in part.spans], sampler, started,
-            workers=len(members), cpu_s=sum(part.cpu_s for part in outcome.done), planned=count,
+            workers=len(members), cpu_s=cpu, planned=count,
             loop_lag=[sample for part in outcome.done for sample in part.loop_lag_ns], lost=outcome.lost,
             lost_generators=outcome.lost_generators,
         )  # fmt: skip
