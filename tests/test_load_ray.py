@@ -216,8 +216,11 @@ def call_spans(path: Path) -> list[dict[str, Any]]:
 def batch_slots() -> Iterator[SimulatedServer]:
     """Four batch slots; a request costs 200 ms of prefill (100 words) and 8 decode steps of 15 ms: at 8
     users half of them wait a whole request's time for a slot (p95 TTFT 2.6 times the prefill), and a
-    false knee at 4 needs a stall of the prefill's length, far above a busy machine's noise."""
-    capacity = Capacity(slots=4, prefill_per_token=0.002, decode_per_token=0.015, model="sim-model")
+    false knee at 4 needs a stall of the prefill's length, far above a busy machine's noise. No prefix
+    cache: the second run sends the first one's prompts (the same seed) and must find the server as cold."""
+    capacity = Capacity(
+        slots=4, prefill_per_token=0.002, decode_per_token=0.015, prefix_caching=False, model="sim-model"
+    )
     with SimulatedServer(capacity=capacity, record=False) as server:
         yield server
 
