@@ -368,7 +368,9 @@ class Fleet:
                 if left <= 0:
                     for future in pending:
                         member, _ = following[future]
-                        member.lost = f"did not finish {label} {GRACE_S:g} s after its deadline: stopped"
+                        member.lost = (
+                            f"it did not finish {label} {GRACE_S:g} s after its deadline and was killed"
+                        )
                         with contextlib.suppress(Exception):
                             self.connection.ray.kill(member.handle, no_restart=True)
                     await asyncio.wait(pending, timeout=EXIT_TIMEOUT_S)
@@ -393,7 +395,7 @@ class Fleet:
         if not self.alive:
             raise AllLost(
                 "every generator was lost: "
-                + "; ".join(f"{member.name} {member.lost}" for member in self.members)
+                + "; ".join(f"{member.words}, {member.lost}" for member in self.members)
             )
         return outcome
 
@@ -428,7 +430,7 @@ class Fleet:
         except ray.exceptions.RayActorError as error:
             member.lost = member.lost or _died(error)
         except Exception as error:  # its own failure (raised in its part): lost too, with the reason
-            member.lost = member.lost or f"failed: {_cause(error)}"
+            member.lost = member.lost or f"its part failed ({_cause(error)})"
 
     def _lose(self, member: _Member, part: Part, outcome: FleetLevel) -> str:
         """Count what a lost member had in flight: at its last batch, and (open loop) the arrivals due since
@@ -441,7 +443,7 @@ class Fleet:
         member.lost_requests += len(lost)
         outcome.lost += len(lost)
         return (
-            f"{member.words} was lost ({member.lost}): {len(lost)} requests in flight counted as lost, not as "
+            f"{member.words} was lost mid-level, {member.lost}: {len(lost)} requests in flight counted as lost, not as "
             f"server errors; {max(0, unsent)} of its {len(handed)} requests were not sent"
         )
 
@@ -459,8 +461,7 @@ class Fleet:
                 notes.append(f"{member.words} could not flush its spans: {_cause(closed)}")
                 continue
             if traces_file is not None:
-                with contextlib.suppress(Exception):
-                    await self._bring_spans(member, traces_file, notes)
+                await self._bring_spans(member, traces_file, notes)
         for member in self.members:
             if member.lost is not None and member.identity is not None and traces_file is not None:
                 notes.append(
@@ -486,6 +487,8 @@ class Fleet:
             notes.append(
                 f"{member.words}'s spans could not be appended to {traces_file}: {error.strerror or error}"
             )
+        except Exception as error:  # it died meanwhile: its spans stay on its node
+            notes.append(f"{member.words}'s spans could not be brought back: {_cause(error)}")
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(scratch)
@@ -598,8 +601,10 @@ async def _awaited(reference: Any) -> Any:
 
 
 def _died(error: BaseException) -> str:
+    """Why an actor is gone, in a few words: Ray's own line when it says more than that it died."""
     text = _line(error)
-    return "its actor died" + (f": {text}" if text else "")
+    said = text and not text.startswith("The actor died unexpectedly before finishing this task")
+    return "its actor died" + (f" ({text})" if said else "")
 
 
 def _cause(error: BaseException) -> str:
