@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,7 +35,7 @@ from llmspans import _names as names
 from llmspans.load._cli import build_result
 from llmspans.load._html import render as render_html
 from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, GeneratorStats, Level, Result
-from llmspans.load._ray import Fleet, connect, generator_setups, notes
+from llmspans.load._ray import Fleet, connect, generator_setups, generators_for, notes
 from llmspans.load._requests import RequestRecord
 from llmspans.load._runner import Runner, RunOutcome, new_run_id
 from llmspans.load._text import render as render_text
@@ -517,3 +518,16 @@ def test_the_run_names_a_generator_behind_its_schedule_a_node_whose_clock_is_off
     assert said[2].startswith(
         "the spans go to http://localhost:4318, on the loopback: generators on other machines (10.0.0.6:5e6f7a8b)"
     )
+
+
+def test_generators_per_cpu_or_a_number_the_cluster_can_place() -> None:
+    assert generators_for("per-cpu", 6) == 6
+    assert generators_for("3", 6) == 3
+    for spec, cpus, says in (
+        ("7", 6, "--generators 7: the Ray cluster has 6 CPUs and each generator takes one"),
+        ("0", 6, "--generators takes a whole number of 1 or more, or per-cpu; got '0'"),
+        ("many", 6, "--generators takes a whole number of 1 or more, or per-cpu; got 'many'"),
+        ("per-cpu", 0, "the Ray cluster has no CPU for a generator"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            generators_for(spec, cpus)
