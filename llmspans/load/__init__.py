@@ -7,8 +7,8 @@ arguments: what to send and at which levels), `_schedule.py` (closed loop, open-
 sweep), `_requests.py` (one request's record, filled from its call span), `_generator.py` (one event loop
 sending requests), `_runner.py` (the levels, on this process or on worker processes), `_workers.py` and
 `_worker.py` (the worker processes, both sides of their pipes), `_ray.py` and `_ray_actor.py` (`--ray`:
-the generators as Ray actors, the driver's side and the actor's; Ray imported only there), `_server.py` (vLLM's `/metrics` over a
-level), `_stats.py` (per-level figures), `_verdict.py` (the knee and what grew there, in the report's
+the generators as Ray actors, the driver's side and the actor's; Ray imported only there), `_server.py`
+(vLLM's `/metrics` over a level), `_stats.py` (per-level figures), `_verdict.py` (the knee and what grew there, in the report's
 words), `_text.py`/`_html.py` (and JSON from `Result.to_dict()`); `_cli.py` ties them to the command line.
 Definitions and choices: docs/load.md.
 """
