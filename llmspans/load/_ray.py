@@ -228,7 +228,7 @@ class _Member:
     lost_during: str | None = None
     in_flight: set[int] = field(default_factory=set)  # at its last batch
     returned: set[int] = field(default_factory=set)  # this level's requests whose records came back
-    last_batch_ns: int = 0  # the driver's clock
+    lost_at_ns: int = 0  # when the driver saw it gone (its clock)
     requests: int = 0
     lost_requests: int = 0
     cpu_s: float = 0.0
@@ -345,9 +345,8 @@ class Fleet:
         """Each member its part (times on the driver's clock); what came back once all are done or lost."""
         outcome = FleetLevel(done=[])
         label = parts[0].level.label
-        now = time.perf_counter_ns()
         for member in members:
-            member.in_flight, member.returned, member.last_batch_ns = set(), set(), now
+            member.in_flight, member.returned = set(), set()
             member.level_lags_s = []
         following: dict[asyncio.Future[Any], tuple[_Member, Part]] = {
             asyncio.ensure_future(self._follow(member, part, on_records, outcome)): (member, part)
@@ -371,6 +370,7 @@ class Fleet:
                         member.lost = (
                             f"it did not finish {label} {GRACE_S:g} s after its deadline and was killed"
                         )
+                        member.lost_at_ns = time.perf_counter_ns()
                         with contextlib.suppress(Exception):
                             self.connection.ray.kill(member.handle, no_restart=True)
                     await asyncio.wait(pending, timeout=EXIT_TIMEOUT_S)
@@ -422,22 +422,24 @@ class Fleet:
                     on_records(records)
                 if isinstance(item, Batch):
                     member.in_flight = set(item.in_flight)
-                    member.last_batch_ns = time.perf_counter_ns()
                 elif isinstance(item, PartDone):
                     member.in_flight = set()
                     member.cpu_s += item.cpu_s
                     outcome.done.append(item)
         except ray.exceptions.RayActorError as error:
             member.lost = member.lost or _died(error)
+            member.lost_at_ns = member.lost_at_ns or time.perf_counter_ns()
         except Exception as error:  # its own failure (raised in its part): lost too, with the reason
             member.lost = member.lost or f"its part failed ({_cause(error)})"
+            member.lost_at_ns = member.lost_at_ns or time.perf_counter_ns()
 
     def _lose(self, member: _Member, part: Part, outcome: FleetLevel) -> str:
-        """Count what a lost member had in flight: at its last batch, and (open loop) the arrivals due since
-        that did not come back; the rest of its part was not sent."""
-        now = time.perf_counter_ns()
+        """Count what a lost member had in flight: at its last batch, and (open loop) the arrivals due
+        between then and when the driver saw it gone, that did not come back; the rest of its part was not
+        sent."""
+        gone = member.lost_at_ns or time.perf_counter_ns()
         handed = [index for index, _ in part.schedule] if part.schedule else list(part.indices)
-        due = {index for index, at in part.schedule if at <= now} if part.schedule else set()
+        due = {index for index, at in part.schedule if at <= gone} if part.schedule else set()
         lost = (member.in_flight | due) - member.returned
         unsent = len(handed) - len(member.returned) - len(lost)
         member.lost_requests += len(lost)
