@@ -228,12 +228,14 @@ def batch_slots() -> Iterator[SimulatedServer]:
 async def test_the_knee_and_what_grew_on_two_generators_are_one_processs_for_the_same_seed(
     cluster: RayCluster, batch_slots: SimulatedServer, tmp_path: Path
 ) -> None:
-    """A closed loop of 2, 4, 8 users (one to four per generator) with --provider vllm and --slo: the same knee, the same bucket grew, the same finding (the queue is on the server) as one
-    process; every request back once, with the generator that sent it."""
+    """A closed-loop sweep from 2 users (one to four per generator) with --provider vllm and --slo, stopped
+    by --max-requests after 2, 4 and 8 users: the same levels, the same knee, the same bucket grew, the
+    same finding (the queue is on the server) as one process; every request back once, with the generator
+    that sent it."""
     workload = Workload(model="sim-model", max_tokens=8, prompt_tokens=100)
     plan = Plan(
-        shape=SHAPE_CONCURRENCY, levels=parse_levels("2,4,8", SHAPE_CONCURRENCY), requests_per_level=8,
-        max_seconds=120, slo={"ttft": 0.3},
+        shape=SHAPE_CONCURRENCY, levels=parse_levels("2", SHAPE_CONCURRENCY), sweep=True, requests_per_level=8,
+        max_requests=24, max_seconds=120, slo={"ttft": 0.3},
     )  # fmt: skip
     alone = await run_on(batch_slots.base_url, workload, plan, generators=None, provider="vllm")
     spread = await run_on(batch_slots.base_url, workload, plan, generators=NODES, provider="vllm")
@@ -248,6 +250,11 @@ async def test_the_knee_and_what_grew_on_two_generators_are_one_processs_for_the
     assert knees[0] == knees[1], both
     assert (spread.result.knee.at.label, spread.result.verdict.grew) == ("concurrency=8", "first_token"), text
     assert spread.result.verdict.finding == alone.result.verdict.finding == FINDING_SERVER_QUEUE, both
+    for ran in (alone, spread):
+        assert [stats.level.label for stats in ran.outcome.levels] == [
+            f"concurrency={users}" for users in (2, 4, 8)
+        ]
+        assert "stopped before 5 concurrent: --max-requests 24 reached" in ran.outcome.notes
     assert [stats.workers for stats in spread.outcome.levels] == [2, 2, 2]
     nodes = {generator.node for generator in spread.outcome.generators}
     assert len(nodes) == NODES  # one generator a node: spread
