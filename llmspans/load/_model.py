@@ -156,7 +156,8 @@ class GeneratorStats:
 
     @property
     def cpu_per_request_s(self) -> float | None:
-        return self.cpu_s / self.requests if self.requests else None
+        """None when it never said (lost in its first level: its CPU goes with it)."""
+        return self.cpu_s / self.requests if self.requests and self.cpu_s > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "cpu_per_request_s": self.cpu_per_request_s}
