@@ -517,7 +517,7 @@ def test_the_run_names_a_generator_behind_its_schedule_a_node_whose_clock_is_off
 
     def generator(name: str, node: str, worst: tuple[str, float] | None, offset: float) -> GeneratorStats:
         return GeneratorStats(
-            name=name, attribute=f"{name}@{node}/0a1b2c3d", node=node, requests=100, lost=0, cpu_s=0.1,
+            name=name, attribute=f"{name}@{node}/0a1b2c3d", node=node, requests=100, lost=0, cpu_s=0.1, cpu_per_request_s=0.001,
             lag=None, lag_worst=worst, clock_offset_s=offset, clock_uncertainty_s=0.002,
         )  # fmt: skip
 

@@ -147,20 +147,18 @@ class GeneratorStats:
     node: str  # the node's address and the node id's first 8 hex digits
     requests: int  # issued, whose records came back
     lost: int  # in flight when it was lost
-    cpu_s: float  # its process's CPU over its parts (its exporter's thread and Ray's own included)
+    cpu_s: (
+        float  # its process's CPU over the parts it finished (its exporter's thread and Ray's own included)
+    )
+    cpu_per_request_s: float | None  # over the parts it finished; None when it finished none
     lag: Percentiles | None  # open loop: its requests' lag behind the schedule, over the run
     lag_worst: tuple[str, float] | None  # open loop: the level where its lag p99 was highest, and that p99
     clock_offset_s: float  # its wall clock minus the driver's, as last measured
     clock_uncertainty_s: float  # half the round trip of the best measurement
     lost_during: str | None = None  # the level it was lost in, if it was
 
-    @property
-    def cpu_per_request_s(self) -> float | None:
-        """None when it never said (lost in its first level: its CPU goes with it)."""
-        return self.cpu_s / self.requests if self.requests and self.cpu_s > 0 else None
-
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "cpu_per_request_s": self.cpu_per_request_s}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

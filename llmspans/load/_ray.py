@@ -231,7 +231,8 @@ class _Member:
     lost_at_ns: int = 0  # when the driver saw it gone (its clock)
     requests: int = 0
     lost_requests: int = 0
-    cpu_s: float = 0.0
+    cpu_s: float = 0.0  # over the parts it finished
+    cpu_requests: int = 0  # the requests of those parts
     lags_s: list[float] = field(default_factory=list)  # over the run
     level_lags_s: list[float] = field(default_factory=list)  # over this level
     worst: tuple[str, float] | None = None  # the level of its highest lag p99, and that p99
@@ -425,6 +426,7 @@ class Fleet:
                 elif isinstance(item, PartDone):
                     member.in_flight = set()
                     member.cpu_s += item.cpu_s
+                    member.cpu_requests += len(member.returned)
                     outcome.done.append(item)
         except ray.exceptions.RayActorError as error:
             member.lost = member.lost or _died(error)
@@ -506,6 +508,7 @@ class Fleet:
                 requests=member.requests,
                 lost=member.lost_requests,
                 cpu_s=member.cpu_s,
+                cpu_per_request_s=member.cpu_s / member.cpu_requests if member.cpu_requests else None,
                 lag=Percentiles.of(member.lags_s),
                 lag_worst=member.worst,
                 clock_offset_s=member.clock.wall_ns / 1e9,
