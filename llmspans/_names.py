@@ -135,6 +135,9 @@ BUDGET_CUT: Final = "llmspans.budget.cut"
 # so `llmspans report` splits a traces file by level and `--baseline` compares two load runs.
 LOAD_LEVEL: Final = "llmspans.load.level"  # e.g. "concurrency=8" or "rate=4" (requests/s)
 LOAD_RUN_ID: Final = "llmspans.load.run_id"
+# `llmspans load --ray`: the generator (a Ray actor) that sent the call, `g2@127.0.0.1:3f2a1b9c/5e6f7a8b`:
+# its number in the run, its node (address and the node id's first 8 hex digits) and its actor id's.
+LOAD_GENERATOR: Final = "llmspans.load.generator"
 
 # Levers (docs/telemetry.md, README "Levers"): a prompt cap on an instrumented client, and cache lookups.
 # A capped call's prompt size as estimated before sending, by what, against which cap, and the estimate over

@@ -1,8 +1,9 @@
 """`llmspans load ...`: the arguments, the question before a run against another host, and the output.
 
-Exit codes: 0 when the run was reported, 1 when a worker process died or could not start (the levels before
-are printed, and the worker named), 2 when the arguments or the target could not be used (one line on
-stderr, never a traceback), 130 when Ctrl-C stopped it (what it had is printed all the same).
+Exit codes: 0 when the run was reported, 1 when a worker process died or could not start, or every Ray
+generator was lost (the levels before are printed, and the worker named), 2 when the arguments, the target
+or the Ray cluster could not be used (one line on stderr, never a traceback), 130 when Ctrl-C stopped it
+(what it had is printed all the same).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from llmspans.load._workload import (
 from llmspans.report._model import format_seconds
 
 if TYPE_CHECKING:
-    from llmspans.load._model import LevelStats
+    from llmspans.load._model import GeneratorStats, LevelStats
+    from llmspans.load._ray import Connection
     from llmspans.load._runner import Runner, RunOutcome
 
 EXIT_OK = 0
@@ -182,6 +184,16 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
         "per CPU; 1 for a closed loop)",
     )  # fmt: skip
     load.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="send from generators on a Ray cluster (llmspans[ray]); ADDRESS as ray.init takes it: auto, "
+        "HOST:6379, ray://HOST:10001 (default RAY_ADDRESS, else auto). The driver keeps the schedule",
+    )  # fmt: skip
+    load.add_argument(
+        "--generators", metavar="N|per-cpu",
+        help="with --ray: how many generators (Ray actors of one CPU each, spread over the nodes); per-cpu "
+        "(default): one per CPU of the cluster",
+    )  # fmt: skip
+    load.add_argument(
         "--service", default=SERVICE_NAME, metavar="NAME", help=f"service name on the spans ({SERVICE_NAME})"
     )
     load.add_argument("--json", action="store_true", help="print the result as one JSON document")
@@ -236,8 +248,15 @@ def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
     if not args.timeout > 0:
         raise Usage(f"--timeout must be a positive number of seconds, got {args.timeout}")
     workers = parse_workers(args.workers)
-    if workers is not None and workers > 1 and args.limiter_cap is not None:
+    if args.ray is None and workers is not None and workers > 1 and args.limiter_cap is not None:
         raise Usage("--limiter-cap puts one Limiter in front of every call: it needs --workers 1")
+    if args.ray is not None:
+        if args.workers != "auto":
+            raise Usage("--workers is for one machine: with --ray, --generators N says how many send")
+        if urllib.parse.urlsplit(args.ray).scheme in ("http", "https"):
+            raise Usage(f"--ray takes a Ray address, got {args.ray!r}: put BASE_URL first, or --ray=ADDRESS")
+    elif args.generators is not None:
+        raise Usage("--generators is for --ray (Ray actors); on one machine, --workers N")
     plan = Plan(
         shape=shape, levels=levels, sweep=args.sweep, requests_per_level=args.requests,
         level_seconds=args.level_seconds, max_requests=args.max_requests, max_seconds=args.max_seconds,
@@ -326,15 +345,38 @@ def _run(args: argparse.Namespace, stdin: TextIO | None) -> int:
         except ImportError:
             print(f"llmspans load: {INSTALL_VLLM}", file=sys.stderr)
             return EXIT_BAD_INPUT
+    if args.ray is not None:
+        from llmspans.load._ray import RayUnavailable, import_ray
+
+        try:
+            import_ray()
+        except RayUnavailable as error:
+            print(f"llmspans load: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     try:
         _confirm(args, workload, plan, stdin or sys.stdin)
     except Usage as error:
         print(f"llmspans load: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return _load(args, workload, plan)
+    connection = None
+    if args.ray is not None:
+        from llmspans.load._ray import RayUnavailable, connect
+
+        try:
+            connection = connect(args.ray or None)
+        except RayUnavailable as error:
+            print(f"llmspans load: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    try:
+        return _load(args, workload, plan, connection)
+    finally:
+        if connection is not None:
+            connection.close()
 
 
-def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
+def _load(
+    args: argparse.Namespace, workload: Workload, plan: Plan, connection: Connection | None = None
+) -> int:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -355,8 +397,17 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
         from llmspans.vllm import ServerMetrics
 
         server_metrics = ServerMetrics(args.base_url, interval=0.25)
-    limiter = llmspans.Limiter(args.limiter_cap, name="load") if args.limiter_cap else None
-    workers = parse_workers(args.workers)
+    limiter = (
+        llmspans.Limiter(args.limiter_cap, name="load") if args.limiter_cap and connection is None else None
+    )
+    workers = parse_workers(args.workers) if connection is None else 1
+    if configuration.mode == "existing" and connection is not None:
+        print(
+            "llmspans load: --ray needs configure()'s own exporters (the spans here go to a provider set up "
+            "before it)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     if configuration.mode == "existing" and workers != 1:
         if workers is not None:
             print(
@@ -370,14 +421,37 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
     run_id = new_run_id()
     # The plan on stderr with the progress lines: stdout holds the result alone.
     print(f"llmspans load: {args.base_url}, model {workload.model}, run {run_id}", file=sys.stderr)
+    fleet = None
+    if connection is not None:
+        from llmspans.load._ray import Fleet, generator_setups, generators_for
+
+        try:
+            count = generators_for(args.generators or "per-cpu", connection.cpus())
+        except ValueError as error:
+            print(f"llmspans load: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        setups = generator_setups(
+            workload, base_url=args.base_url, api_key=os.environ.get("OPENAI_API_KEY") or "none",
+            provider=args.provider, max_retries=args.max_retries, timeout=args.timeout, run_id=run_id,
+            service_name=args.service, client=args.client, limiter_cap=args.limiter_cap,
+            file_export=configuration.mode == "file",
+        )  # fmt: skip
+        fleet = Fleet(connection, count, setups)
     for line in plan_words(plan, workload):
         print(f"  {line}", file=sys.stderr)
-    print(f"  {workers_words(workers)}", file=sys.stderr)
+    if fleet is not None and connection is not None:
+        print(f"  generators: {fleet.count} Ray actors of one CPU each, spread over the nodes of {connection.address}",
+              file=sys.stderr)  # fmt: skip
+        if args.limiter_cap:
+            print(f"  limiter: a cap of {args.limiter_cap} per generator ({args.limiter_cap * fleet.count} in flight "
+                  "at most over all)", file=sys.stderr)  # fmt: skip
+    else:
+        print(f"  {workers_words(workers)}", file=sys.stderr)
     runner = Runner(
         workload, plan, base_url=args.base_url, tracer_provider=provider, api_key=os.environ.get("OPENAI_API_KEY") or "none",
         provider=args.provider, limiter=limiter, server_metrics=server_metrics, max_retries=args.max_retries,
         timeout=args.timeout, client=args.client, run_id=run_id, progress=_Progress(sys.stderr), workers=workers, export=export,
-        notice=lambda line: print(f"llmspans load: {line}", file=sys.stderr),
+        notice=lambda line: print(f"llmspans load: {line}", file=sys.stderr), fleet=fleet,
     )  # fmt: skip
     try:
         outcome = asyncio.run(_main(runner))
@@ -388,9 +462,15 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
         if server_metrics is not None:
             server_metrics.close()
         provider.force_flush()
+    notes = list(outcome.notes)
+    if fleet is not None:
+        from llmspans.load._ray import notes as generator_notes
+        from llmspans.load._ray import passed_environment
+
+        notes += generator_notes(outcome.generators, passed_environment(), fleet.driver_node())
     result = build_result(
         outcome.levels, workload=workload, plan=plan, target=args.base_url, run_id=run_id,
-        interrupted=outcome.interrupted, notes=outcome.notes,
+        interrupted=outcome.interrupted, notes=notes, generators=outcome.generators,
     )  # fmt: skip
     try:
         emit(result, as_json=args.json, html=args.html)
@@ -431,7 +511,7 @@ async def _main(runner: Runner) -> RunOutcome:
 
 def build_result(
     levels: Sequence[LevelStats], *, workload: Workload, plan: Plan, target: str, run_id: str, interrupted: bool,
-    notes: Sequence[str] = (),
+    notes: Sequence[str] = (), generators: Sequence[GeneratorStats] = (),
 ) -> Result:  # fmt: skip
     from llmspans.load._verdict import find_knee, summary, verdict
 
@@ -442,7 +522,7 @@ def build_result(
         target=target, model=workload.model, endpoint=workload.endpoint, stream=workload.stream, shape=plan.shape,
         run_id=run_id, workload=workload.describe(), levels=tuple(stats), knee=knee, verdict=said,
         summary=summary(knee, said, stats, plan.knee_factor), slo=dict(plan.slo), interrupted=interrupted,
-        notes=tuple(notes),
+        notes=tuple(notes), generators=tuple(generators),
     )  # fmt: skip
 
 

@@ -204,6 +204,27 @@ def _table(levels: Sequence[LevelStats], knee: str | None) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _generators(result: Result) -> str:
+    """`--ray`: one row per generator."""
+    head = (
+        "<tr><th>generator</th><th>node</th><th>requests</th><th>lost</th><th>CPU/req</th><th>lag p99</th>"
+        "<th>at</th><th>clock</th></tr>"
+    )
+    rows = []
+    for generator in result.generators:
+        cpu = generator.cpu_per_request_s
+        worst = generator.lag_worst
+        rows.append(
+            f'<tr class="generator" data-generator="{escape(generator.attribute)}">'
+            f"<td>{escape(generator.name)}{' (lost)' if generator.lost_during else ''}</td>"
+            f"<td>{escape(generator.node)}</td><td>{generator.requests}</td><td>{generator.lost}</td>"
+            f"<td>{'-' if cpu is None else seconds(cpu)}</td><td>{'-' if worst is None else seconds(worst[1])}</td>"
+            f"<td>{'-' if worst is None else escape(worst[0])}</td>"
+            f"<td>{generator.clock_offset_s * 1e3:+.1f} ms ±{generator.clock_uncertainty_s * 1e3:.1f}</td></tr>"
+        )
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
 def render(result: Result) -> str:
     """The whole page as a string (UTF-8 when written)."""
     levels = sorted(result.levels, key=lambda stats: stats.level.value)
@@ -245,6 +266,13 @@ def render(result: Result) -> str:
             + "</section>"
         )
         body.append('<section id="levels"><h2>Per level</h2>' + _table(levels, knee) + "</section>")
+    if result.generators:
+        body.append(
+            '<section id="generators"><h2>The generators on Ray</h2><p class="meta">Over the run; a --limiter-cap '
+            "applies per generator; lag p99 at its worst level; clock: its wall clock minus the driver's.</p>"
+            + _generators(result)
+            + "</section>"
+        )
     for note in result.notes:
         body.append(f'<p class="meta">note: {escape(note)}</p>')
     return (

@@ -116,6 +116,8 @@ class LevelStats:
     generator_inflated: bool = False  # the loop's lateness is a real share of the TTFT (`_host.inflated`)
     shared_host: str | None = None  # the target on this machine, on the generator's CPUs: who shares what
     shared_cpu_share: float | None = None  # the share of a CPU the generator used there, when it mattered
+    lost: int = 0  # `--ray`: requests in flight on a generator that was lost (not server errors)
+    lost_generators: tuple[str, ...] = ()  # `--ray`: each generator lost during the level, in one line
     report: Report | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -134,6 +136,29 @@ class LevelStats:
         data.pop("report")
         data["level"] = {"shape": self.level.shape, "value": self.level.value, "label": self.level.label}
         return data
+
+
+@dataclass(frozen=True)
+class GeneratorStats:
+    """One generator of a `--ray` run (a Ray actor) over the whole run, for the table per generator."""
+
+    name: str  # g1, g2, ... in the order they were started
+    attribute: str  # its `llmspans.load.generator` on the call spans
+    node: str  # the node's address and the node id's first 8 hex digits
+    requests: int  # issued, whose records came back
+    lost: int  # in flight when it was lost
+    cpu_s: (
+        float  # its process's CPU over the parts it finished (its exporter's thread and Ray's own included)
+    )
+    cpu_per_request_s: float | None  # over the parts it finished; None when it finished none
+    lag: Percentiles | None  # open loop: its requests' lag behind the schedule, over the run
+    lag_worst: tuple[str, float] | None  # open loop: the level where its lag p99 was highest, and that p99
+    clock_offset_s: float  # its wall clock minus the driver's, as last measured
+    clock_uncertainty_s: float  # half the round trip of the best measurement
+    lost_during: str | None = None  # the level it was lost in, if it was
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -174,6 +199,7 @@ class Result:
     slo: dict[str, float]
     interrupted: bool
     notes: tuple[str, ...] = ()
+    generators: tuple[GeneratorStats, ...] = ()  # `--ray`: one per generator, in their order
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (the `--json` document)."""
@@ -199,4 +225,9 @@ class Result:
             "verdict": asdict(self.verdict) if self.verdict is not None else None,
             "summary": self.summary,
             "notes": list(self.notes),
+            **(
+                {"generators": [generator.to_dict() for generator in self.generators]}
+                if self.generators
+                else {}
+            ),
         }

@@ -44,6 +44,7 @@ class RequestRecord:
     error: str | None = None  # the exception the call raised, by type
     cancelled: bool = False
     observed: bool = False  # the generator's stream observer stamps `chunk_ns` (the plain client)
+    generator: str | None = None  # `--ray`: the generator that sent it (`llmspans.load.generator`)
     # From the call span:
     recorded: bool = False
     stream: bool = False
@@ -140,6 +141,7 @@ class LevelStamper(SpanProcessor):
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
+        self.generator: str | None = None  # `--ray`: this generator's `llmspans.load.generator`, stamped too
         self.active = True
         self._records: dict[int, RequestRecord] = {}  # by call span id
         self._levels: dict[int, str] = {}  # by trace id: the level of the request that trace is
@@ -157,6 +159,9 @@ class LevelStamper(SpanProcessor):
             ):
                 return
             span.set_attributes({names.LOAD_LEVEL: record.level, names.LOAD_RUN_ID: self.run_id})
+            if self.generator is not None:
+                span.set_attribute(names.LOAD_GENERATOR, self.generator)
+                record.generator = self.generator
             context = span.get_span_context()
             with self._lock:
                 self._records[context.span_id] = record

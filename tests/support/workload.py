@@ -176,8 +176,10 @@ def _exercise() -> Exercised:
                     model="sim-model", messages=[{"role": "user", "content": "drop"}], stream=True
                 )
             )
-        # A call `llmspans load` made: its stamper writes the level and the run on the call span.
+        # A call `llmspans load --ray` made: its generator's stamper writes the level, the run and the
+        # generator on the call span.
         stamper = LevelStamper("0123456789abcdef")
+        stamper.generator = "g1@127.0.0.1:3f2a1b9c/5e6f7a8b"
         captured.tracer_provider.add_span_processor(stamper)
         token = CURRENT.set(RequestRecord(index=0, level="concurrency=1"))
         try:
