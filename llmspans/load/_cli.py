@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from llmspans import _names as names
+from llmspans.load import _replay_cli as replay_cli
 from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, Level, Result
 from llmspans.load._requests import RequestRecord
 from llmspans.load._workload import (
@@ -45,6 +46,8 @@ from llmspans.report._model import format_seconds
 
 if TYPE_CHECKING:
     from llmspans.load._model import LevelStats
+    from llmspans.load._replay_cli import Replay
+    from llmspans.load._replay_table import ReplayResult
     from llmspans.load._runner import Runner, RunOutcome
 
 EXIT_OK = 0
@@ -71,8 +74,8 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--endpoint",
         choices=ENDPOINTS,
-        default="chat",
-        help="chat completions (default), completions or responses",
+        default=None,
+        help="chat completions (default), completions or responses (with --replay: where recorded chat calls go)",
     )
     load.add_argument(
         "--no-stream", action="store_true", help="ask for whole responses (no TTFT, TPOT or ITL then)"
@@ -99,23 +102,20 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--level-seconds",
         type=float,
-        default=DEFAULT_LEVEL_SECONDS,
         metavar="S",
-        help="a level issues for at most this long (60)",
+        help="a level issues for at most this long (60; a replay: its recorded span at its speed, plus 60)",
     )
     load.add_argument(
         "--max-requests",
         type=int,
-        default=DEFAULT_MAX_REQUESTS,
         metavar="N",
-        help="requests in the whole run (2000)",
+        help="requests in the whole run (2000; a replay: its calls at every speed)",
     )
     load.add_argument(
         "--max-seconds",
         type=float,
-        default=DEFAULT_MAX_SECONDS,
         metavar="S",
-        help="seconds for the whole run (600)",
+        help="seconds for the whole run (600; a replay: each speed's level seconds, if more)",
     )
     load.add_argument(
         "--prompt-tokens",
@@ -126,9 +126,8 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--max-tokens",
         type=int,
-        default=DEFAULT_MAX_TOKENS,
         metavar="N",
-        help="output tokens asked per request (64)",
+        help="output tokens asked per request (64; a replay: for a call with no recorded count)",
     )
     prompts = load.add_mutually_exclusive_group()
     prompts.add_argument("--prompts", metavar="FILE", help="JSON lines of chat messages to send in turn")
@@ -182,13 +181,15 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
         "per CPU; 1 for a closed loop)",
     )  # fmt: skip
     load.add_argument(
-        "--service", default=SERVICE_NAME, metavar="NAME", help=f"service name on the spans ({SERVICE_NAME})"
-    )
+        "--service", metavar="NAME",
+        help=f"service name on the spans ({SERVICE_NAME}); with --replay, the recorded service to replay",
+    )  # fmt: skip
     load.add_argument("--json", action="store_true", help="print the result as one JSON document")
     load.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page")
     load.add_argument(
         "--yes", action="store_true", help="do not ask before a run against a host other than this one"
     )
+    replay_cli.add_arguments(load)
 
 
 def _local(base_url: str) -> bool:
@@ -215,7 +216,8 @@ def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
     elif args.prompts_from:
         given, source = prompts_from_traces(args.prompts_from), args.prompts_from
     workload = Workload(
-        model=args.model, endpoint=args.endpoint, stream=not args.no_stream, max_tokens=args.max_tokens,
+        model=args.model, endpoint=args.endpoint or "chat", stream=not args.no_stream,
+        max_tokens=args.max_tokens if args.max_tokens is not None else DEFAULT_MAX_TOKENS,
         prompt_tokens=tokens, prompt_stddev=stddev, shared_prefix=args.shared_prefix, seed=args.seed,
         prompts=given, prompts_source=source,
     )  # fmt: skip
@@ -240,7 +242,9 @@ def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
         raise Usage("--limiter-cap puts one Limiter in front of every call: it needs --workers 1")
     plan = Plan(
         shape=shape, levels=levels, sweep=args.sweep, requests_per_level=args.requests,
-        level_seconds=args.level_seconds, max_requests=args.max_requests, max_seconds=args.max_seconds,
+        level_seconds=DEFAULT_LEVEL_SECONDS if args.level_seconds is None else args.level_seconds,
+        max_requests=DEFAULT_MAX_REQUESTS if args.max_requests is None else args.max_requests,
+        max_seconds=DEFAULT_MAX_SECONDS if args.max_seconds is None else args.max_seconds,
         burstiness=args.burstiness, knee_factor=args.knee_factor, slo=slo,
     )  # fmt: skip
     return workload, plan
@@ -311,8 +315,10 @@ def run(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, stdin: TextIO | None) -> int:
+    replay: Replay | None = None
     try:
-        workload, plan = _plan(args)
+        replay = replay_cli.prepare(args)
+        workload, plan = replay.plan(args) if replay is not None else _plan(args)
         import openai  # noqa: F401  (only to say how to install it before anything starts)
     except ImportError:
         print(f"llmspans load: {INSTALL_OPENAI}", file=sys.stderr)
@@ -331,10 +337,10 @@ def _run(args: argparse.Namespace, stdin: TextIO | None) -> int:
     except Usage as error:
         print(f"llmspans load: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return _load(args, workload, plan)
+    return _load(args, workload, plan, replay)
 
 
-def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
+def _load(args: argparse.Namespace, workload: Workload, plan: Plan, replay: Replay | None = None) -> int:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -342,7 +348,8 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
     from llmspans.load._runner import LoadError, Runner, new_run_id
     from llmspans.load._workers import WorkerExport, workers_words
 
-    configuration = llmspans.configure(service_name=args.service)
+    service = SERVICE_NAME if replay is not None or not args.service else args.service
+    configuration = llmspans.configure(service_name=service)
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
         print(
@@ -366,15 +373,18 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
             )
             return EXIT_BAD_INPUT
         workers = 1
-    export = WorkerExport(args.service, configuration.traces_file if configuration.mode == "file" else None)
+    export = WorkerExport(service, configuration.traces_file if configuration.mode == "file" else None)
     run_id = new_run_id()
+    api_key = os.environ.get("OPENAI_API_KEY") or "none"
+    if replay is not None:  # what the server counts per word, before the requests are sized by it
+        workload = replay.measure(args, api_key)
     # The plan on stderr with the progress lines: stdout holds the result alone.
     print(f"llmspans load: {args.base_url}, model {workload.model}, run {run_id}", file=sys.stderr)
     for line in plan_words(plan, workload):
         print(f"  {line}", file=sys.stderr)
     print(f"  {workers_words(workers)}", file=sys.stderr)
     runner = Runner(
-        workload, plan, base_url=args.base_url, tracer_provider=provider, api_key=os.environ.get("OPENAI_API_KEY") or "none",
+        workload, plan, base_url=args.base_url, tracer_provider=provider, api_key=api_key,
         provider=args.provider, limiter=limiter, server_metrics=server_metrics, max_retries=args.max_retries,
         timeout=args.timeout, client=args.client, run_id=run_id, progress=_Progress(sys.stderr), workers=workers, export=export,
         notice=lambda line: print(f"llmspans load: {line}", file=sys.stderr),
@@ -391,6 +401,7 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
     result = build_result(
         outcome.levels, workload=workload, plan=plan, target=args.base_url, run_id=run_id,
         interrupted=outcome.interrupted, notes=outcome.notes,
+        replay=replay.result(outcome.records) if replay is not None else None,
     )  # fmt: skip
     try:
         emit(result, as_json=args.json, html=args.html)
@@ -431,7 +442,7 @@ async def _main(runner: Runner) -> RunOutcome:
 
 def build_result(
     levels: Sequence[LevelStats], *, workload: Workload, plan: Plan, target: str, run_id: str, interrupted: bool,
-    notes: Sequence[str] = (),
+    notes: Sequence[str] = (), replay: ReplayResult | None = None,
 ) -> Result:  # fmt: skip
     from llmspans.load._verdict import find_knee, summary, verdict
 
@@ -442,7 +453,7 @@ def build_result(
         target=target, model=workload.model, endpoint=workload.endpoint, stream=workload.stream, shape=plan.shape,
         run_id=run_id, workload=workload.describe(), levels=tuple(stats), knee=knee, verdict=said,
         summary=summary(knee, said, stats, plan.knee_factor), slo=dict(plan.slo), interrupted=interrupted,
-        notes=tuple(notes),
+        notes=tuple(notes), replay=replay,
     )  # fmt: skip
 
 

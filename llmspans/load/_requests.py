@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,8 +138,9 @@ class LevelStamper(SpanProcessor):
     Never raises into the call: a failure leaves that request unrecorded (counted, never hidden).
     """
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, stamps: Callable[[int], Mapping[str, str] | None] | None = None) -> None:
         self.run_id = run_id
+        self.stamps = stamps  # request index -> more attributes for its call span (a replay's recorded ids)
         self.active = True
         self._records: dict[int, RequestRecord] = {}  # by call span id
         self._levels: dict[int, str] = {}  # by trace id: the level of the request that trace is
@@ -157,6 +158,9 @@ class LevelStamper(SpanProcessor):
             ):
                 return
             span.set_attributes({names.LOAD_LEVEL: record.level, names.LOAD_RUN_ID: self.run_id})
+            more = self.stamps(record.index) if self.stamps is not None else None
+            if more:
+                span.set_attributes(more)
             context = span.get_span_context()
             with self._lock:
                 self._records[context.span_id] = record
