@@ -76,7 +76,9 @@ class ReplayRequest:
 @dataclass(frozen=True)
 class ReplayWorkload(Workload):
     """A `Workload` whose request `index` is recorded call `index % len(requests)` (the runner gives each
-    level indices from a multiple of that: `first_index`)."""
+    level indices from a multiple of that: `first_index`). The words of a synthetic prompt are drawn from the
+    seed, the call and the level (`index // len(requests)`): no level finds the one before it in the server's
+    prefix cache, and neither does the warm-up request (index 0, which no level sends)."""
 
     requests: tuple[ReplayRequest, ...] = field(default=(), repr=False)
     source: str = ""
@@ -104,9 +106,10 @@ class ReplayWorkload(Workload):
             names.LOAD_REPLAY_SPAN_ID: request.span_id,
         }
 
-    def prompt_words(self, number: int, count: int | None = None) -> list[str]:
-        """The first `count` words (all of them by default) of request `number`'s synthetic prompt: its
-        partner's first words, then its own, drawn from a generator seeded by the run's seed and its number."""
+    def prompt_words(self, number: int, count: int | None = None, epoch: int = 1) -> list[str]:
+        """The first `count` words (all of them by default) of call `number`'s synthetic prompt in level
+        `epoch`: its partner's first words, then its own, drawn from a generator seeded by the run's seed, the
+        epoch and the call's number."""
         requests = self.requests
         wanted = requests[number].words if count is None else count
         pieces: list[tuple[int, int, int]] = []  # (request, from word, to word), last piece first
@@ -119,15 +122,17 @@ class ReplayWorkload(Workload):
                 break
             number, wanted = request.prefix_from, shared
         words: list[str] = []
+        base = (self.seed * 1_000_003 + epoch) * 1_000_003
         for owner, start, end in reversed(pieces):
-            words += _words(random.Random(self.seed * 1_000_003 + owner), end)[start:]
+            words += _words(random.Random(base + owner), end)[start:]
         return words
 
     def messages(self, index: int) -> Messages:
         request = self._request(index)
         if request.messages is not None:
             return [dict(message) for message in request.messages]
-        return [{"role": "user", "content": " ".join(self.prompt_words(index % len(self.requests)))}]
+        count = len(self.requests)
+        return [{"role": "user", "content": " ".join(self.prompt_words(index % count, epoch=index // count))}]
 
     def request(self, index: int) -> dict[str, Any]:
         request = self._request(index)
@@ -154,10 +159,10 @@ class ReplayWorkload(Workload):
         return len(self.requests) / max(self.span_ns / 1e9 / speed, 1.0)
 
     def first_index(self, issued: int) -> int:
-        """A level's first request index: the first multiple of the calls' count at or after `issued`, so
-        index `i` is call `i % count` on every process."""
+        """A level's first request index: the first multiple of the calls' count after `issued` (the warm-up
+        request is index 0, of none), so index `i` is call `i % count` on every process."""
         count = len(self.requests)
-        return -(-issued // count) * count
+        return (-(-issued // count) + 1) * count
 
     def schedule(
         self, speed: float, count: int, start_ns: int, first: int
