@@ -49,15 +49,20 @@ from llmspans.load._replay_workload import (
 from llmspans.load._requests import RequestRecord
 from llmspans.load._runner import Runner, RunOutcome
 from llmspans.load._text import render as render_text
-from llmspans.load._workload import Plan, parse_levels
+from llmspans.load._workload import Plan, captured_prompts, parse_levels
 from llmspans.report._sources import MemorySource
 from llmspans.report._sources.file import FileSource
+from llmspans.report._sources.jaeger import fetch_jaeger
 from llmspans.report._sources.tempo import fetch_tempo
 from llmspans.report._spans import spans_of_document
 from llmspans.tools.capacity import Capacity
 from llmspans.tools.simulator import Behavior, SimulatedServer
+from tests.support.local_http import serving
 from tests.support.tempo import tempo_server
 from tests.test_load import providers
+from tests.test_report import JAEGER_RESPONSE, _Jaeger
+from tests.test_report import RECORDED as JAEGER_RECORDED
+from tests.test_report import SERVICE as JAEGER_SERVICE
 
 DEMO_TURNS = 12
 DEMO_SERVICE = "llmspans-demo-healthy"
@@ -98,7 +103,8 @@ def demo_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def agent_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An agent app's turns: each calls the model three times, every call re-sending the conversation so far
-    (the system prompt, the question, each answer and tool result): recorded on a server without a cache."""
+    (the system prompt, the question, each answer and tool result): recorded on a server without a cache,
+    with content capture on."""
     path = tmp_path_factory.mktemp("agent") / "traces.jsonl"
     span_exporter, _ = _exporters.file_exporters(path)
     tracer_provider = TracerProvider(resource=_telemetry_resource(AGENT_SERVICE))
@@ -109,7 +115,9 @@ def agent_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _telemetry.use_providers(tracer_provider, _meter_provider()),
         httpx.Client(base_url=server.base_url, timeout=10) as plain,
     ):
-        client = llmspans.instrument(plain)
+        client = llmspans.instrument(
+            plain, capture_content=True
+        )  # for --prompts-from; a replay reads none else
         for turn in range(4):
             with llmspans.turn("agent"):
                 messages = [
@@ -165,12 +173,12 @@ def capacity_server() -> Iterator[SimulatedServer]:
 
 async def replay(
     recording: Recording, server: SimulatedServer, speeds: str, *, seed: int = 7, shared_prefixes: bool = True,
-    facts: ServerFacts | None = None,
+    facts: ServerFacts | None = None, captured: dict[tuple[str, str], Any] | None = None,
 ) -> Replayed:  # fmt: skip
     facts = facts or probe(server.base_url, "sim-model", ["chat"])
     built = build_workload(
         recording, model="sim-model", facts=facts, seed=seed, prompt_tokens=32, max_tokens=16,
-        shared_prefixes=shared_prefixes,
+        shared_prefixes=shared_prefixes, captured=captured, captured_source="the recording",
     )  # fmt: skip
     plan = Plan(
         shape=SHAPE_SPEED, levels=parse_levels(speeds, SHAPE_SPEED), requests_per_level=len(recording.calls),
@@ -349,6 +357,7 @@ async def test_shared_prefixes_reach_the_simulators_prefix_cache_and_none_withou
             facts = probe(server.base_url, "sim-model", ["chat"])  # its own requests, before the count
             assert facts.measured
             assert facts.tokens_per_word == 1
+            assert facts.ignore_eos  # its /models names the llmspans simulator
             engine = server.engine
             assert engine is not None
             before = engine.counters.values["prefix_hits"]
@@ -379,6 +388,24 @@ def _sent_in_order_after_their_gaps(recording: Recording, records: list[RequestR
         record, before = by_call[call.number], by_call[call.after]
         assert record.scheduled_ns == before.done_ns + round(call.gap_ns / 2)
         assert record.issued_ns >= record.scheduled_ns
+
+
+async def test_no_content_is_read_unless_prompts_from_asks_and_then_each_call_sends_its_own(
+    agent_file: Path, agent_recording: Recording, capacity_server: SimulatedServer
+) -> None:
+    synthetic = build_workload(
+        agent_recording, model="m", facts=ServerFacts(), seed=5, prompt_tokens=8, max_tokens=8
+    )
+    sent = json.dumps([synthetic.workload.request(index) for index in range(len(agent_recording.calls))])
+    assert "rule0" not in sent  # the recorded system prompt: captured in the file, never read without asking
+    captured = captured_prompts(str(agent_file))
+    assert len(captured) == len(agent_recording.calls)
+    replayed = await replay(agent_recording, capacity_server, "4", seed=43, captured=captured)
+    count = len(agent_recording.calls)
+    for number, call in enumerate(agent_recording.calls):
+        assert replayed.built.workload.messages(number) == captured[(call.trace_id, call.span_id)]
+    for record in replayed.records(4):  # the recorded words, so the simulator counts the recorded tokens
+        assert record.input_tokens == agent_recording.calls[record.index % count].input_tokens
 
 
 def test_the_prefix_rules_say_who_shared_with_whom() -> None:
@@ -473,6 +500,21 @@ async def test_a_replay_from_tempo_reads_the_same_calls_as_the_file_and_sends_th
     assert f"tempo {url}" in sources
 
 
+def test_a_replay_from_jaeger_reads_the_same_calls_as_the_file() -> None:
+    """The report's Jaeger stand-in answers its recorded page: the same calls as the files it was made of."""
+    with serving(_Jaeger, queries=[], body=JAEGER_RESPONSE.read_bytes()) as jaeger:
+        url = f"http://127.0.0.1:{jaeger.server_address[1]}"
+        source = fetch_jaeger(url, JAEGER_SERVICE, 7200.0)
+    from_jaeger = read_recording(source, label=f"jaeger {url}", service=JAEGER_SERVICE, window_s=None)
+    from_file = read_recording(
+        FileSource(JAEGER_RECORDED, progress=False), label="file", service=JAEGER_SERVICE, window_s=None
+    )
+    assert len(from_file.calls) == 10
+    assert [_essentials(call) for call in from_jaeger.calls] == [
+        _essentials(call) for call in from_file.calls
+    ]
+
+
 def _essentials(call: Any) -> tuple[Any, ...]:
     return (
         call.trace_id,
@@ -528,21 +570,21 @@ def test_the_command_replays_a_file_and_prints_the_table_in_json_and_html(
     page = tmp_path / "replay.html"
     done = subprocess.run(
         [sys.executable, "-m", "llmspans", "load", capacity_server.base_url, "--model", "sim-model", "--replay",
-         str(demo_file), "--speed", "1,4", "--seed", "99", "--json", "--html", str(page)],
+         str(demo_file), "--speed", "1,4", "--limit", "6", "--seed", "99", "--json", "--html", str(page)],
         capture_output=True, text=True, timeout=120, env=env, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     assert [level["level"]["label"] for level in document["levels"]] == ["speed=1", "speed=4"]
-    assert document["replay"]["calls"] == DEMO_TURNS
-    assert document["replay"]["tokens"]["input_exact"] == DEMO_TURNS
+    assert document["replay"]["calls"] == 6  # --limit: the 6 earliest calls
+    assert document["replay"]["tokens"]["input_exact"] == 6
     assert 'class="compared"' in page.read_text()
     replayed = [
         span for line in (tmp_path / "replayed.jsonl").read_text().splitlines() if line.strip()
         for resource in json.loads(line).get("resourceSpans", []) for scope in resource["scopeSpans"]
         for span in scope["spans"] if any(item["key"] == names.LOAD_REPLAY_TRACE_ID for item in span["attributes"])
     ]  # fmt: skip
-    assert len(replayed) == 2 * DEMO_TURNS
+    assert len(replayed) == 2 * 6
 
 
 # --- helpers ---------------------------------------------------------------------------------------------

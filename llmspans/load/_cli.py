@@ -202,12 +202,26 @@ def _local(base_url: str) -> bool:
         return False
 
 
-def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
+def _checks(args: argparse.Namespace) -> None:
+    """What every run needs of its arguments, a replay's too: the URL, the client's own bounds, the workers."""
     parts = urllib.parse.urlsplit(args.base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Usage(
             f"BASE_URL must be an http(s) URL such as http://127.0.0.1:8000/v1, got {args.base_url!r}"
         )
+    if args.limiter_cap is not None and args.limiter_cap < 1:
+        raise Usage(f"--limiter-cap must be 1 or more, got {args.limiter_cap}")
+    if args.max_retries < 0:
+        raise Usage(f"--max-retries must be 0 or more, got {args.max_retries}")
+    if not args.timeout > 0:
+        raise Usage(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    workers = parse_workers(args.workers)
+    if workers is not None and workers > 1 and args.limiter_cap is not None:
+        raise Usage("--limiter-cap puts one Limiter in front of every call: it needs --workers 1")
+
+
+def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
+    _checks(args)
     tokens, stddev = parse_prompt_tokens(args.prompt_tokens)
     given: tuple[list[dict[str, object]], ...] = ()
     source = None
@@ -231,15 +245,6 @@ def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
         raise Usage(
             "--sweep starts from one level (e.g. --concurrency 1 --sweep) and finds the others itself"
         )
-    if args.limiter_cap is not None and args.limiter_cap < 1:
-        raise Usage(f"--limiter-cap must be 1 or more, got {args.limiter_cap}")
-    if args.max_retries < 0:
-        raise Usage(f"--max-retries must be 0 or more, got {args.max_retries}")
-    if not args.timeout > 0:
-        raise Usage(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    workers = parse_workers(args.workers)
-    if workers is not None and workers > 1 and args.limiter_cap is not None:
-        raise Usage("--limiter-cap puts one Limiter in front of every call: it needs --workers 1")
     plan = Plan(
         shape=shape, levels=levels, sweep=args.sweep, requests_per_level=args.requests,
         level_seconds=DEFAULT_LEVEL_SECONDS if args.level_seconds is None else args.level_seconds,
@@ -318,7 +323,12 @@ def _run(args: argparse.Namespace, stdin: TextIO | None) -> int:
     replay: Replay | None = None
     try:
         replay = replay_cli.prepare(args)
-        workload, plan = replay.plan(args) if replay is not None else _plan(args)
+        workload: Workload
+        if replay is not None:
+            _checks(args)
+            workload, plan = replay.plan(args)
+        else:
+            workload, plan = _plan(args)
         import openai  # noqa: F401  (only to say how to install it before anything starts)
     except ImportError:
         print(f"llmspans load: {INSTALL_OPENAI}", file=sys.stderr)

@@ -132,11 +132,7 @@ class Replay:
             ),
             knee_factor=args.knee_factor, slo=parse_slo(args.slo) if args.slo else {},
         )  # fmt: skip
-        if (
-            not workload.stream
-            and ({"ttft", "tpot"} & set(plan.slo))
-            and not any(request.stream for request in workload.requests)
-        ):
+        if {"ttft", "tpot"} & set(plan.slo) and not any(request.stream for request in workload.requests):
             raise ValueError(
                 "--slo ttft and tpot need streamed calls, and none of the recorded calls streamed"
             )

@@ -117,30 +117,37 @@ def _row(part: str, kind: str, recorded_ns: Sequence[int], replayed_ns: Sequence
 
 
 def largest_difference(rows: Sequence[ComparedRow]) -> str | None:
-    """The part and quantile whose replayed value is furthest from the recorded one, in words."""
+    """The bucket and quantile whose replayed value is furthest from the recorded one, in words, and the
+    call's own p95 beside it (the buckets add up to the call: the call alone would always be the largest)."""
     found: tuple[float, str, str, float, float] | None = None
     for row in rows:
-        if not (row.recorded_count and row.replayed_count):
+        if row.kind != "bucket" or not (row.recorded_count and row.replayed_count):
             continue
         for name, before, after in (
             ("p50", row.recorded_p50, row.replayed_p50),
             ("p95", row.recorded_p95, row.replayed_p95),
         ):
             if found is None or abs(after - before) > found[0]:
-                found = (abs(after - before), _part(row), name, before, after)
+                found = (abs(after - before), row.part, name, before, after)
     if found is None:
         return None
     _, part, name, before, after = found
+    said = f"largest difference: {part} {name}, {_change(before, after)}"
+    call = next(
+        (row for row in rows if row.kind == "stage" and row.recorded_count and row.replayed_count), None
+    )
+    if call is not None:
+        said += f"; the call's p95, {_change(call.recorded_p95, call.replayed_p95)}"
+    return said
+
+
+def _change(before: float, after: float) -> str:
     ratio = f", {after / before:.1f}x" if before > 0 and after > 0 else ""
     sign = "+" if after >= before else "-"
     return (
-        f"largest difference: {part} {name}, {format_seconds(before)} recorded, {format_seconds(after)} replayed "
-        f"({sign}{format_seconds(abs(after - before))}{ratio})"
+        f"{format_seconds(before)} recorded, {format_seconds(after)} replayed ({sign}{format_seconds(abs(after - before))}"
+        f"{ratio})"
     )
-
-
-def _part(row: ComparedRow) -> str:
-    return "the call (llm stage)" if row.kind == "stage" else row.part
 
 
 def _tokens(calls: Sequence[RecordedCall], replayed: Sequence[RequestRecord], count: int) -> TokenMatch:

@@ -238,14 +238,43 @@ def _captured_messages(span: Mapping[str, Any]) -> Messages | None:
     for message in captured if isinstance(captured, list) else ():
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             continue
-        parts = message.get("parts") or ()
-        text = "".join(
-            str(part.get("content", ""))
-            for part in parts
-            if isinstance(part, Mapping) and part.get("type") == "text"
+        messages.append(
+            _chat_message(message["role"], [p for p in message.get("parts") or () if isinstance(p, Mapping)])
         )
-        messages.append({"role": message["role"], "content": text})
     return messages or None
+
+
+def _chat_message(role: str, parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A captured message (the conventions' parts) as the chat API takes it: its text; a tool's answer with
+    its call's id; an assistant's tool calls with theirs (reasoning is not sent back)."""
+    text = "".join(str(part.get("content", "")) for part in parts if part.get("type") == "text")
+    answers = [part for part in parts if part.get("type") == "tool_call_response"]
+    if answers:
+        response = answers[0].get("response")
+        text += response if isinstance(response, str) else json.dumps(response, separators=(",", ":"))
+        message: dict[str, Any] = {"role": role, "content": text}
+        if isinstance(answers[0].get("id"), str):
+            message["tool_call_id"] = answers[0]["id"]
+        return message
+    calls = [
+        {
+            "id": part.get("id"), "type": "function",
+            "function": {"name": part.get("name"), "arguments": _arguments(part.get("arguments"))},
+        }
+        for part in parts
+        if part.get("type") == "tool_call"
+    ]  # fmt: skip
+    if calls:
+        return {"role": role, "content": text or None, "tool_calls": calls}
+    return {"role": role, "content": text}
+
+
+def _arguments(value: Any) -> str:
+    return (
+        value
+        if isinstance(value, str)
+        else json.dumps(value if value is not None else {}, separators=(",", ":"))
+    )
 
 
 def _is_message(value: Any) -> bool:
