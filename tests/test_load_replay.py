@@ -49,6 +49,7 @@ from llmspans.load._replay_workload import (
 from llmspans.load._requests import RequestRecord
 from llmspans.load._runner import Runner, RunOutcome
 from llmspans.load._text import render as render_text
+from llmspans.load._workers import WorkerExport
 from llmspans.load._workload import Plan, captured_prompts, parse_levels
 from llmspans.report._sources import MemorySource
 from llmspans.report._sources.file import FileSource
@@ -377,8 +378,10 @@ async def test_shared_prefixes_reach_the_simulators_prefix_cache_and_none_withou
     assert hits[False] == expected[False] == 0
 
 
-def _sent_in_order_after_their_gaps(recording: Recording, records: list[RequestRecord]) -> None:
-    """Each later call of a turn went after the call it waits for was done, plus the recorded gap at 2x."""
+def _sent_in_order_after_their_gaps(
+    recording: Recording, records: list[RequestRecord], speed: float = 2
+) -> None:
+    """Each later call of a turn went after the call it waits for was done, plus the recorded gap at `speed`."""
     count = len(recording.calls)
     by_call = {record.index % count: record for record in records}
     assert sorted(by_call) == list(range(count))
@@ -386,7 +389,7 @@ def _sent_in_order_after_their_gaps(recording: Recording, records: list[RequestR
         if call.after is None:
             continue
         record, before = by_call[call.number], by_call[call.after]
-        assert record.scheduled_ns == before.done_ns + round(call.gap_ns / 2)
+        assert record.scheduled_ns == before.done_ns + round(call.gap_ns / speed)
         assert record.issued_ns >= record.scheduled_ns
 
 
@@ -406,6 +409,43 @@ async def test_no_content_is_read_unless_prompts_from_asks_and_then_each_call_se
         assert replayed.built.workload.messages(number) == captured[(call.trace_id, call.span_id)]
     for record in replayed.records(4):  # the recorded words, so the simulator counts the recorded tokens
         assert record.input_tokens == agent_recording.calls[record.index % count].input_tokens
+
+
+async def test_on_two_worker_processes_each_turn_is_sent_whole_by_one_of_them(
+    agent_recording: Recording, capacity_server: SimulatedServer, tmp_path: Path
+) -> None:
+    built = build_workload(
+        agent_recording, model="sim-model", facts=ServerFacts(), seed=44, prompt_tokens=8, max_tokens=8
+    )  # fmt: skip
+    plan = Plan(
+        shape=SHAPE_SPEED, levels=parse_levels("4", SHAPE_SPEED), requests_per_level=len(agent_recording.calls),
+        max_seconds=60,
+    )  # fmt: skip
+    traces = tmp_path / "traces.jsonl"
+    with providers() as (tracer_provider, _):
+        runner = Runner(
+            built.workload, plan, base_url=capacity_server.base_url, tracer_provider=tracer_provider,
+            max_retries=0, workers=2, export=WorkerExport("llmspans-load-test", traces),
+        )  # fmt: skip
+        outcome = await runner.run()
+    assert outcome.failure is None
+    assert len(outcome.workers) == 2
+    (stats,) = outcome.levels
+    assert stats.workers == 2
+    _sent_in_order_after_their_gaps(agent_recording, outcome.records["speed=4"], speed=4)
+    writers: dict[str, set[str]] = {}
+    for line in traces.read_text().splitlines():
+        for resource in json.loads(line).get("resourceSpans", ()):
+            process = {item["key"]: item["value"] for item in resource["resource"]["attributes"]}
+            for scope in resource["scopeSpans"]:
+                for span in scope["spans"]:
+                    attributes = {item["key"]: item["value"] for item in span["attributes"]}
+                    if names.LOAD_REPLAY_TRACE_ID in attributes:
+                        recorded = attributes[names.LOAD_REPLAY_TRACE_ID]["stringValue"]
+                        writers.setdefault(recorded, set()).add(process["service.instance.id"]["stringValue"])
+    assert len(writers) == 4  # the four turns (one trace each), every one written by a single worker
+    assert all(len(processes) == 1 for processes in writers.values())
+    assert len(set.union(*writers.values())) == 2
 
 
 def test_the_prefix_rules_say_who_shared_with_whom() -> None:
