@@ -448,6 +448,39 @@ async def test_on_two_worker_processes_each_turn_is_sent_whole_by_one_of_them(
     assert len(set.union(*writers.values())) == 2
 
 
+def test_each_level_and_each_run_draws_its_own_words_so_no_cache_carries_over(
+    agent_recording: Recording,
+) -> None:
+    """A level's prompts share what the recording shared, and nothing with another level, another run or the
+    warm-up request (index 0), which a server's prefix cache would otherwise find again."""
+
+    def prompts(salt: int, first: int) -> list[str]:
+        built = build_workload(agent_recording, model="m", facts=ServerFacts(), seed=7, prompt_tokens=8, max_tokens=8,
+                               salt=salt)  # fmt: skip
+        count = len(agent_recording.calls)
+        return [built.workload.messages(first + number)[0]["content"] for number in range(count)]
+
+    count = len(agent_recording.calls)
+    level, again, next_level, other_run = (
+        prompts(1, count),
+        prompts(1, count),
+        prompts(1, 2 * count),
+        prompts(2, count),
+    )
+    assert level == again  # the same run: the same requests
+    warm_up = prompts(1, 0)[0]
+
+    def heads(texts: list[str]) -> set[tuple[str, ...]]:
+        return {tuple(text.split()[:8]) for text in texts}  # 32**8 ways: no two runs' words meet by chance
+
+    for other in (next_level, other_run):
+        assert not heads(level) & heads(other)
+    assert warm_up not in level
+    assert level[1].startswith(
+        " ".join(level[0].split()[:20])
+    )  # the turn's second call holds the first's prompt
+
+
 def test_the_prefix_rules_say_who_shared_with_whom() -> None:
     """Rule by rule, on calls as the report's decoder reads them (no server needed)."""
     calls = _recording([

@@ -387,7 +387,7 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan, replay: Repl
     run_id = new_run_id()
     api_key = os.environ.get("OPENAI_API_KEY") or "none"
     if replay is not None:  # what the server counts per word, before the requests are sized by it
-        workload = replay.measure(args, api_key)
+        workload = replay.measure(args, api_key, run_id)
     # The plan on stderr with the progress lines: stdout holds the result alone.
     print(f"llmspans load: {args.base_url}, model {workload.model}, run {run_id}", file=sys.stderr)
     for line in plan_words(plan, workload):

@@ -101,13 +101,13 @@ class Replay:
     measured: str | None = None
     lines: list[str] = field(default_factory=list)
 
-    def build(self, args: argparse.Namespace, facts: ServerFacts) -> ReplayWorkload:
+    def build(self, args: argparse.Namespace, facts: ServerFacts, salt: int = 0) -> ReplayWorkload:
         tokens, _ = parse_prompt_tokens(args.prompt_tokens)
         self.built = build_workload(
             self.recording, model=args.model, facts=facts, seed=args.seed, prompt_tokens=tokens,
             max_tokens=args.max_tokens if args.max_tokens is not None else DEFAULT_MAX_TOKENS,
             shared_prefixes=self.shared_prefixes, endpoint=args.endpoint, captured=self.captured,
-            captured_source=self.captured_source,
+            captured_source=self.captured_source, salt=salt,
         )  # fmt: skip
         return self.built.workload
 
@@ -138,15 +138,16 @@ class Replay:
             )
         return workload, plan
 
-    def measure(self, args: argparse.Namespace, api_key: str) -> ReplayWorkload:
-        """The server measured (its tokens per word, whether it takes ignore_eos) and the requests sized by it."""
+    def measure(self, args: argparse.Namespace, api_key: str, run_id: str) -> ReplayWorkload:
+        """The server measured (its tokens per word, whether it takes ignore_eos) and the requests sized by it;
+        their words drawn for this run alone (a server's prefix cache keeps what an earlier run sent)."""
         from llmspans.load._replay_probe import probe
 
         assert self.built is not None
         endpoints = [request.endpoint for request in self.built.workload.requests]
         facts = probe(args.base_url, args.model, endpoints, api_key=api_key, provider=args.provider)
         self.measured = facts.words
-        return self.build(args, facts)
+        return self.build(args, facts, salt=int(run_id, 16))
 
     def result(self, records: Mapping[str, Sequence[RequestRecord]]) -> ReplayResult:
         assert self.built is not None

@@ -85,6 +85,7 @@ class ReplayWorkload(Workload):
     described: str = ""
     ignore_eos: bool = False
     span_ns: int = 0
+    salt: int = 0  # the run's own (from its id): no run finds an earlier run's prompts in the server's cache
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -122,7 +123,7 @@ class ReplayWorkload(Workload):
                 break
             number, wanted = request.prefix_from, shared
         words: list[str] = []
-        base = (self.seed * 1_000_003 + epoch) * 1_000_003
+        base = ((self.seed * 1_000_003 + self.salt) * 1_000_003 + epoch) * 1_000_003
         for owner, start, end in reversed(pieces):
             words += _words(random.Random(base + owner), end)[start:]
         return words
@@ -306,7 +307,7 @@ class Built:
 def build_workload(
     recording: Recording, *, model: str, facts: ServerFacts, seed: int, prompt_tokens: int, max_tokens: int,
     shared_prefixes: bool = True, endpoint: str | None = None,
-    captured: Mapping[tuple[str, str], Messages] | None = None, captured_source: str | None = None,
+    captured: Mapping[tuple[str, str], Messages] | None = None, captured_source: str | None = None, salt: int = 0,
 ) -> Built:  # fmt: skip
     """The replay's requests from the recorded calls. `prompt_tokens` and `max_tokens` stand in where a call's
     token counts are missing (said); `endpoint` sends every chat call there instead (`--endpoint`);
@@ -367,7 +368,7 @@ def build_workload(
         prompt_tokens=max(1, math.ceil(sum(inputs) / len(inputs))) if inputs else prompt_tokens,
         seed=seed, requests=tuple(requests), source=recording.source,
         described=_describe(recording, requests, facts, partners, seed), ignore_eos=facts.ignore_eos,
-        span_ns=recording.span_ns,
+        span_ns=recording.span_ns, salt=salt,
     )  # fmt: skip
     lines = assumed.lines()
     if not facts.ignore_eos:
