@@ -31,7 +31,7 @@ from llmspans.__main__ import main
 from llmspans.load._cli import build_result
 from llmspans.load._html import render as render_html
 from llmspans.load._model import SHAPE_SPEED, Result
-from llmspans.load._replay import Recording, read_recording
+from llmspans.load._replay import Recording, read_recording, recording_lines
 from llmspans.load._replay_probe import probe
 from llmspans.load._replay_table import compare
 from llmspans.load._replay_workload import (
@@ -44,7 +44,6 @@ from llmspans.load._replay_workload import (
     build_workload,
     deal_replay,
     prefix_partners,
-    recording_lines,
 )
 from llmspans.load._requests import RequestRecord
 from llmspans.load._runner import Runner, RunOutcome

@@ -134,7 +134,8 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     prompts.add_argument(
         "--prompts-from",
         metavar="FILE",
-        help="reuse the prompts of a traces file recorded with content capture on",
+        help="reuse the prompts of a traces file recorded with content capture on (with --replay: each "
+        "recorded call sent with its own)",
     )
     load.add_argument(
         "--shared-prefix",

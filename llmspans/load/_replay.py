@@ -78,7 +78,6 @@ class Recording:
     window_s: float | None = None
     limit: int = DEFAULT_LIMIT
     embeddings: int = 0  # embeddings calls: not a generation, not replayed
-    notes: list[str] = field(default_factory=list)
 
     @property
     def span_ns(self) -> int:
@@ -236,6 +235,23 @@ def _facts(span: Span, turn: str, weight: float, before: Span | None) -> dict[st
         "weight": weight,
         "service": span.service,
     }
+
+
+def recording_lines(recording: Recording) -> list[str]:
+    """What the bounds and the source left out, in lines."""
+    lines = []
+    if recording.cut_by_limit:
+        lines.append(
+            f"{recording.found} LLM calls found; the replay sends the {recording.limit} earliest (--limit)"
+        )
+    if recording.cut_by_window:
+        lines.append(
+            f"{recording.cut_by_window} calls started more than {recording.window_s:g} s after the first: "
+            "left out (--window)"
+        )
+    if recording.embeddings:
+        lines.append(f"{recording.embeddings} embeddings calls are not replayed (not a generation)")
+    return lines
 
 
 def shown_calls(calls: Sequence[RecordedCall], most: int = 2) -> str:

@@ -12,18 +12,17 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from llmspans.load._model import SHAPE_SPEED
-from llmspans.load._replay import DEFAULT_LIMIT, NoCalls, Recording, read_recording
+from llmspans.load._replay import DEFAULT_LIMIT, NoCalls, Recording, read_recording, recording_lines
 from llmspans.load._replay_table import ReplayResult, compare
 from llmspans.load._replay_workload import (
     Built,
     ReplayWorkload,
     ServerFacts,
     build_workload,
-    recording_lines,
 )
 from llmspans.load._requests import RequestRecord
 from llmspans.load._workload import (
@@ -98,8 +97,6 @@ class Replay:
     captured: Mapping[tuple[str, str], Messages] | None = None
     captured_source: str | None = None
     built: Built | None = None
-    measured: str | None = None
-    lines: list[str] = field(default_factory=list)
 
     def build(self, args: argparse.Namespace, facts: ServerFacts, salt: int = 0) -> ReplayWorkload:
         tokens, _ = parse_prompt_tokens(args.prompt_tokens)
@@ -146,7 +143,6 @@ class Replay:
         assert self.built is not None
         endpoints = [request.endpoint for request in self.built.workload.requests]
         facts = probe(args.base_url, args.model, endpoints, api_key=api_key, provider=args.provider)
-        self.measured = facts.words
         return self.build(args, facts, salt=int(run_id, 16))
 
     def result(self, records: Mapping[str, Sequence[RequestRecord]]) -> ReplayResult:

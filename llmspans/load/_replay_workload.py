@@ -462,20 +462,3 @@ def _describe(
 def _span_of(values: Sequence[int]) -> str:
     low, high = min(values), max(values)
     return str(low) if low == high else f"{low}-{high}"
-
-
-def recording_lines(recording: Recording) -> list[str]:
-    """What the bounds and the source left out, in lines."""
-    lines = []
-    if recording.cut_by_limit:
-        lines.append(
-            f"{recording.found} LLM calls found; the replay sends the {recording.limit} earliest (--limit)"
-        )
-    if recording.cut_by_window:
-        lines.append(
-            f"{recording.cut_by_window} calls started more than {recording.window_s:g} s after the first: "
-            "left out (--window)"
-        )
-    if recording.embeddings:
-        lines.append(f"{recording.embeddings} embeddings calls are not replayed (not a generation)")
-    return lines
