@@ -59,6 +59,7 @@ from llmspans.tools.capacity import Capacity
 from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.support.local_http import serving
 from tests.support.tempo import tempo_server
+from tests.support.vllm_sim import EngineConfig, VLLMSimulator
 from tests.test_load import providers
 from tests.test_report import JAEGER_RESPONSE, _Jaeger
 from tests.test_report import RECORDED as JAEGER_RECORDED
@@ -445,6 +446,48 @@ async def test_on_two_worker_processes_each_turn_is_sent_whole_by_one_of_them(
     assert len(writers) == 4  # the four turns (one trace each), every one written by a single worker
     assert all(len(processes) == 1 for processes in writers.values())
     assert len(set.union(*writers.values())) == 2
+
+
+async def test_a_system_prompt_the_recorded_server_found_in_its_cache_is_found_there_again(
+    tmp_path: Path,
+) -> None:
+    """One-call turns sharing a system prompt, recorded against a vLLM-like server that reports the prompt
+    tokens its prefix cache held (`--enable-prompt-tokens-details`): the replay's shared prefixes make the
+    simulator's cache find exactly as many tokens as the recorded server said it found."""
+    path = tmp_path / "recorded.jsonl"
+    span_exporter, _ = _exporters.file_exporters(path)
+    tracer_provider = TracerProvider(resource=_telemetry_resource("support-bot"))
+    tracer_provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+    config = EngineConfig(
+        model="sim-model", enable_prefix_caching=True, enable_prompt_tokens_details=True, prefill_per_token=0.0002,
+        decode_per_token=0.001,
+    )  # fmt: skip
+    system = " ".join(f"policy{n}" for n in range(SYSTEM_WORDS))
+    with (
+        VLLMSimulator(config) as recorded_server,
+        _telemetry.use_providers(tracer_provider, _meter_provider()),
+        httpx.Client(base_url=recorded_server.base_url, timeout=10) as plain,
+    ):
+        client = llmspans.instrument(plain)
+        for turn in range(6):
+            with llmspans.turn("support"):
+                _chat(client, [{"role": "system", "content": system},
+                               {"role": "user", "content": f"question {turn} " + "please " * 9}])  # fmt: skip
+    tracer_provider.shutdown()
+    recording = read_recording(
+        FileSource([path], progress=False), label=str(path), service=None, window_s=None
+    )
+    cached = [call.cached_tokens for call in recording.calls]
+    assert cached == [0] + [SYSTEM_WORDS // 16 * 16] * 5  # the recorded server's own words
+    with SimulatedServer(record=False, capacity=CAPACITY) as server:
+        facts = probe(server.base_url, "sim-model", ["chat"])
+        engine = server.engine
+        assert engine is not None
+        before = engine.counters.values["prefix_hits"]
+        replayed = await replay(recording, server, "4", facts=facts)
+        hits = engine.counters.values["prefix_hits"] - before
+    assert {partner[2] for partner in replayed.built.partners.values()} == {RULE_CACHED}
+    assert hits == sum(cached)
 
 
 def test_each_level_and_each_run_draws_its_own_words_so_no_cache_carries_over(
