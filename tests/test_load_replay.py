@@ -585,6 +585,15 @@ def test_window_and_limit_bound_the_calls_and_say_so() -> None:
     assert len(windowed.calls) == 3
     assert windowed.cut_by_window == 7
     assert any("--limit" in line for line in recording_lines(limited))
+    mixed = [*spans[:2], {**spans[2], "traceId": _hex("other", 32)}]
+    document = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": name}}]},
+                                   "scopeSpans": [{"spans": group}]} for name, group in (("a", mixed[:2]), ("b", mixed[2:]))]}  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"several services, a \(2 calls\), b \(1 calls\): pass --service NAME"
+    ):
+        read_recording(
+            MemorySource(spans_of_document(document) or [], "x"), label="x", service=None, window_s=None
+        )
     assert any("--window" in line for line in recording_lines(windowed))
 
 

@@ -110,7 +110,9 @@ def read_recording(
         collected = _collect(exact_traces(source.batches), service, limit)
     found, services, embeddings, held = collected
     if service is None and len(services) > 1:
-        listed = ", ".join(f"{name} ({count} calls)" for name, count in sorted(services.items()))
+        listed = ", ".join(
+            f"{name} ({count} call{'s' if count != 1 else ''})" for name, count in sorted(services.items())
+        )
         raise ValueError(
             f"{described} holds the LLM calls of several services, {listed}: pass --service NAME"
         )

@@ -190,7 +190,7 @@ def _replay(replay: ReplayResult) -> list[str]:
     if replay.speed is None or not replay.rows:
         out.append("Recorded against replayed: no 1x speed level ran (--speed 1 gives the comparison)")
     else:
-        out.append(
+        out += _wrap(
             f"Recorded against replayed at {replay.speed:g}x speed ({replay.calls} calls; nearest-rank p50 and p95 "
             "of the calls that succeeded, per call)"
         )
