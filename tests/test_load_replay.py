@@ -589,7 +589,7 @@ def test_window_and_limit_bound_the_calls_and_say_so() -> None:
     document = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": name}}]},
                                    "scopeSpans": [{"spans": group}]} for name, group in (("a", mixed[:2]), ("b", mixed[2:]))]}  # fmt: skip
     with pytest.raises(
-        ValueError, match=r"several services, a \(2 calls\), b \(1 calls\): pass --service NAME"
+        ValueError, match=r"several services, a \(2 calls\), b \(1 call\): pass --service NAME"
     ):
         read_recording(
             MemorySource(spans_of_document(document) or [], "x"), label="x", service=None, window_s=None
