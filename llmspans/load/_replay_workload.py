@@ -363,7 +363,7 @@ def build_workload(
     inputs = [request.input_tokens for request in requests if request.input_tokens is not None]
     outputs = [request.max_tokens for request in requests]
     workload = ReplayWorkload(
-        model=model, endpoint=requests[0].endpoint, stream=requests[0].stream,
+        model=model, endpoint=requests[0].endpoint, stream=any(request.stream for request in requests),
         max_tokens=max(1, math.ceil(sum(outputs) / len(outputs))),
         prompt_tokens=max(1, math.ceil(sum(inputs) / len(inputs))) if inputs else prompt_tokens,
         seed=seed, requests=tuple(requests), source=recording.source,
