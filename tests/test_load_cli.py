@@ -56,6 +56,10 @@ def fast_server() -> Iterator[SimulatedServer]:
             "--workers is for one machine: with --ray, --generators N says how many",
         ),
         (["--ray=http://127.0.0.1:8000/v1"], "--ray takes a Ray address, got 'http://127.0.0.1:8000/v1'"),
+        (
+            ["--ray", "--replay", "tests/fixtures/embedded-default.jsonl"],
+            "--replay runs on one machine (--workers N spreads it), not on --ray yet",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_code_2(

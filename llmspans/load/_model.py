@@ -8,32 +8,39 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmspans.report._model import Report, quantile
 
+if TYPE_CHECKING:
+    from llmspans.load._replay_table import ReplayResult
+
 SHAPE_CONCURRENCY = "concurrency"
 SHAPE_RATE = "rate"
+SHAPE_SPEED = "speed"  # `--replay`: the recorded traffic at this many times its recorded pace
 LOAD_QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
 
 @dataclass(frozen=True, order=True)
 class Level:
     """One load level: `concurrency` users each sending the next request when the last one is done
-    (closed loop), or `rate` requests per second arriving on a schedule (open loop)."""
+    (closed loop), `rate` requests per second arriving on a schedule (open loop), or a recorded run
+    replayed at `speed` times its pace (`--replay`, an open loop on the recorded schedule)."""
 
     shape: str
     value: float
 
     @property
     def label(self) -> str:
-        """The `llmspans.load.level` value: `concurrency=8`, `rate=4` (requests/s)."""
+        """The `llmspans.load.level` value: `concurrency=8`, `rate=4` (requests/s), `speed=2`."""
         return f"{self.shape}={_number(self.value)}"
 
     @property
     def words(self) -> str:
         if self.shape == SHAPE_CONCURRENCY:
             return f"{_number(self.value)} concurrent"
+        if self.shape == SHAPE_SPEED:
+            return f"{_number(self.value)}x speed"
         return f"{_number(self.value)} requests/s"
 
 
@@ -200,6 +207,9 @@ class Result:
     interrupted: bool
     notes: tuple[str, ...] = ()
     generators: tuple[GeneratorStats, ...] = ()  # `--ray`: one per generator, in their order
+    replay: ReplayResult | None = (
+        None  # `--replay`: the recorded calls, what was assumed, recorded vs replayed
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (the `--json` document)."""
@@ -230,4 +240,5 @@ class Result:
                 if self.generators
                 else {}
             ),
+            **({"replay": self.replay.to_dict()} if self.replay is not None else {}),
         }

@@ -24,7 +24,9 @@ from opentelemetry.sdk.trace import TracerProvider
 import llmspans
 from llmspans.load._generator import Generator, LoadError, on_schedule, until_done
 from llmspans.load._host import LoopLag, SharedHost, shared_host
-from llmspans.load._model import SHAPE_CONCURRENCY, GeneratorStats, Level, LevelStats
+from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, SHAPE_SPEED, GeneratorStats, Level, LevelStats
+from llmspans.load._replay_send import send_replay
+from llmspans.load._replay_workload import ReplayWorkload, deal_replay
 from llmspans.load._requests import RequestRecord
 from llmspans.load._schedule import Sweep, arrivals
 from llmspans.load._server import LevelSampler
@@ -142,6 +144,8 @@ class Runner:
         self.host: SharedHost | None = None  # the target on this machine, sharing the generator's CPUs
 
     def workers_for(self, level: Level, count: int) -> int:
+        if level.shape == SHAPE_SPEED:  # a replay: as an open loop of the rate it sends at that speed
+            level = Level(SHAPE_RATE, self._replay().rate(level.value))
         # A client Limiter is one process's: its cap would apply per worker.
         return workers_for(level, count, self.workers, one_process_only=self.limiter is not None)
 
@@ -225,6 +229,13 @@ class Runner:
                     work = self.generator.closed(
                         level, int(level.value), indices, records, stop, level_deadline
                     )
+                elif level.shape == SHAPE_SPEED:
+                    start = time.perf_counter_ns() + int(OPEN_LOOP_LEAD_S * 1e9)
+                    heads, follows = self._replay_schedule(level, count, start)
+                    work = send_replay(
+                        self.generator, level, heads, [(index, *wait) for index, wait in follows.items()],
+                        records, stop, level_deadline,
+                    )  # fmt: skip
                 else:
                     start = time.perf_counter_ns() + int(OPEN_LOOP_LEAD_S * 1e9)
                     schedule = self._schedule(level, count, start)
@@ -261,6 +272,11 @@ class Runner:
             parts = [
                 Part(level, start, until_ns, deadline_ns, users=users, indices=share)
                 for users, share in deal_closed(int(level.value), indices, workers)
+            ]
+        elif level.shape == SHAPE_SPEED:
+            parts = [
+                Part(level, start, until_ns, deadline_ns, schedule=heads, follows=follows)
+                for heads, follows in deal_replay(*self._replay_schedule(level, count, start), workers)
             ]
         else:
             parts = [
@@ -344,6 +360,18 @@ class Runner:
 
             self._pool = WorkerPool(setup, export, self.run_id)
         return self._pool
+
+    def _replay(self) -> ReplayWorkload:
+        if not isinstance(self.workload, ReplayWorkload):
+            raise ValueError("a speed level replays recorded calls: it needs a ReplayWorkload (--replay)")
+        return self.workload
+
+    def _replay_schedule(
+        self, level: Level, count: int, start: int
+    ) -> tuple[list[tuple[int, int]], dict[int, tuple[int, int]]]:
+        """A replay level's first calls of turns `(index, due)` and later calls `index: (waits for, gap)`."""
+        replay = self._replay()
+        return replay.schedule(level.value, count, start, replay.first_index(self._issued))
 
     def _schedule(self, level: Level, count: int, start: int) -> list[tuple[int, int]]:
         """The level's arrivals from `start` (`perf_counter_ns()`), with the requests' indices."""

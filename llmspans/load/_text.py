@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from llmspans import _names as names
 from llmspans.load._model import LevelStats, Percentiles, Result
+from llmspans.load._replay_table import ComparedRow, ReplayResult, token_words
 from llmspans.report._model import format_seconds as seconds
 from llmspans.report._text import WIDTH
 
@@ -39,6 +40,8 @@ def render(result: Result) -> str:
     out += _wrap(result.workload)
     for note in result.notes:
         out += _wrap(f"note: {note}")
+    if result.replay is not None:
+        out += _replay(result.replay)
     levels = sorted(result.levels, key=lambda stats: stats.level.value)
     if not levels:
         out.append("")
@@ -230,6 +233,43 @@ def _generators(result: Result) -> list[str]:
             )
         )
     return out
+
+
+def _replay(replay: ReplayResult) -> list[str]:
+    """The first table of a replay: the recorded calls against the replay at 1x speed; what was assumed."""
+    out = [""]
+    if replay.speed is None or not replay.rows:
+        out.append("Recorded against replayed: no 1x speed level ran (--speed 1 gives the comparison)")
+    else:
+        out += _wrap(
+            f"Recorded against replayed at {replay.speed:g}x speed ({replay.calls} calls; nearest-rank p50 and p95 "
+            "of the calls that succeeded, per call)"
+        )
+        rows = [
+            [
+                _row_name(row), seconds(row.recorded_p50), seconds(row.recorded_p95), seconds(row.replayed_p50),
+                seconds(row.replayed_p95), f"{row.recorded_count}/{row.replayed_count}",
+            ]
+            for row in replay.rows
+        ]  # fmt: skip
+        out += _table(
+            ["part", "recorded p50", "p95", "replayed p50", "p95", "calls"], rows, first=20, width=13
+        )
+        if replay.largest is not None:
+            out += _wrap(replay.largest)
+        if replay.tokens is not None:
+            out += _wrap(token_words(replay.tokens))
+        if replay.order is not None and replay.order.turns:
+            out += _wrap(
+                f"turns of several calls sent in their recorded order: {replay.order.in_order} of {replay.order.turns}"
+            )
+    for line in replay.assumptions:
+        out += _wrap(f"assumed: {line}")
+    return out
+
+
+def _row_name(row: ComparedRow) -> str:
+    return "llm (the call)" if row.kind == "stage" else row.part
 
 
 def _cpu(stats: LevelStats) -> str:
