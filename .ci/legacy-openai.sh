@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q -e . pytest pytest-asyncio pytest-timeout hypothesis opentelemetry-propagator-b3
+"$venv/bin/python" -m pip install -q -e . pytest pytest-asyncio pytest-timeout pytest-xdist hypothesis opentelemetry-propagator-b3
 if ! "$venv/bin/python" -m pip install -q 'openai>=2,<3'; then
   echo "no openai 2.x available: using the newest 1.x" >&2
   "$venv/bin/python" -m pip install -q 'openai>=1.40,<2'

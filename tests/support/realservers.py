@@ -36,7 +36,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -648,9 +648,12 @@ def vllm_server(
     *,
     max_num_seqs: int = 2,
     startup_timeout: float = VLLM_STARTUP_TIMEOUT,
+    extra_env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[VLLMServer]:
     """Run vLLM's OpenAI-compatible server on the tiny model for the duration of the block, with an OTLP/HTTP
-    receiver of its own for vLLM's spans; a warm-up request (not traced) is made before the block starts."""
+    receiver of its own for vLLM's spans; a warm-up request (not traced) is made before the block starts.
+    `extra_env` and `extra_args` add to (or override) the environment and command line below."""
     from tests.support.vllm_sim import OTLPReceiver
 
     install = install or find_install("vllm")
@@ -668,6 +671,7 @@ def vllm_server(
                     "DO_NOT_TRACK": "1",
                     "HF_HUB_OFFLINE": "1",
                     "TRANSFORMERS_OFFLINE": "1",
+                    **(extra_env or {}),
                 }
             )
             argv = [
@@ -676,7 +680,7 @@ def vllm_server(
                 "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", str(max_num_seqs),
                 "--host", "127.0.0.1", "--port", str(port),
                 "--otlp-traces-endpoint", receiver.traces_url, "--collect-detailed-traces", "all",
-                "--disable-uvicorn-access-log",
+                "--disable-uvicorn-access-log", *extra_args,
             ]  # fmt: skip
             process = _ServerProcess("vllm", argv, env, workdir, log_path)
             server = VLLMServer(
