@@ -62,6 +62,60 @@ class PrometheusServer:
             time.sleep(0.1)
         raise AssertionError(f"{promql} never reached {value} within {timeout_s} s; last {seen}")
 
+    def scrapes(self, selector: str, after: float, until: float | None = None) -> list[float]:
+        """When Prometheus stored a sample of the series `selector` (a plain series selector, e.g. one
+        counter of one job), wall-clock seconds, after `after` and up to `until` (default: now). A scrape
+        that failed (a busy app too slow for the scrape timeout) stored none: it is not among them."""
+        until = time.time() if until is None else until
+        span_ms = max(1, round((time.time() - after) * 1000) + 1000)
+        query = urllib.parse.urlencode({"query": f"{selector}[{span_ms}ms]"})
+        status, body = _http("GET", f"{self.url}/api/v1/query?{query}")
+        assert status == 200, body[:500]
+        stamps = {float(at) for series in json.loads(body)["data"]["result"] for at, _ in series["values"]}
+        return sorted(at for at in stamps if after < at <= until)
+
+    def window(self, selector: str, settled_at: float, timeout_s: float = 30.0) -> RunWindow:
+        """A report window over a run about to start, when the app's counters (`selector`: one of them)
+        have not moved since `settled_at` (wall clock): it begins half a second before a scrape stored at
+        least a second after that. Every sample in it before the run then holds the settled values, and
+        one of them is in it however the scrapes fell, even when the report's own clock reads up to half a
+        second later than the caller's: increase() counts the run's whole rise, never less."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stored = self.scrapes(selector, settled_at + 1.0)
+            if stored:
+                return RunWindow(self, selector, stored[0] - 0.5)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no scrape of {selector} stored within {timeout_s} s")
+            time.sleep(0.1)
+
+
+@dataclass
+class RunWindow:
+    """The window from `start` (wall clock) to a report's own `now`; `since()` is its `--since`, taken just
+    before the report runs, and `stretch()` just after says how far increase() may have stretched a rise
+    counted over it."""
+
+    server: PrometheusServer
+    selector: str
+    start: float
+    asked: float = 0.0
+
+    def since(self) -> str:
+        self.asked = time.time()
+        return f"{self.asked - self.start:.3f}s"
+
+    def stretch(self) -> float:
+        """increase() extrapolates the rise between the first and the last sample in the window to its
+        edges (it never shrinks it): at most by the window's length over the time between those samples.
+        The report read its clock between `since()` and now, so its window began up to that much after
+        `start` and ended before now; every sample up to `since()` was in it."""
+        ended = time.time()
+        late = ended - self.asked
+        first = self.server.scrapes(self.selector, self.start + late, self.asked)
+        assert len(first) >= 2, f"{len(first)} scrapes of {self.selector} in the window"
+        return (ended - self.start) / (first[-1] - first[0])
+
 
 @contextlib.contextmanager
 def prometheus_server(jobs: Mapping[str, int]) -> Iterator[PrometheusServer]:
