@@ -579,69 +579,43 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
     )
 
 
-def wait_for_running(server: VLLMServer, count: int, callers: list[threading.Thread]) -> bool:
-    """Whether vLLM's own page said `count` requests run while `callers` still waited for their answers.
-    Its front end may answer late (or not within a read's 5 s): a read that fails is tried again, until
-    the callers are answered."""
-    while any(caller.is_alive() for caller in callers):
-        try:
-            families = text_string_to_metric_families(server.metrics_page())
-            running = sum(
-                sample.value
-                for family in families
-                if family.name == names.PROMETHEUS_VLLM_NUM_REQUESTS_RUNNING
-                for sample in family.samples
-            )
-            if running >= count:
-                return True
-        except (OSError, RuntimeError):
-            pass
-        time.sleep(0.05)
-    return False
-
-
 # Tokens of a long call: the model's 512 minus the prompt's 19 and room to spare. The tiny model never
 # stops early (each call makes all of them), so its length is the engine's work, not the model's whim.
 LONG = 480
 
 
-@retry_timing
 def test_the_pressure_signals_under_sustained_load(
     real_vllm: VLLMServer, captured: Captured, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Ten short calls one after another, then ten callers of a long call on a server that runs two at a
     time (not streamed: vLLM's front end, which competes for the CPU with its engine, then has little to
-    do). Two callers go first and the other eight are sent together once vLLM's own page says those two
-    run (or once they are answered, if no read could say so), each call 480 tokens long, so the eight
-    find the batch full. Not yet enough at double load: on some vLLM instances the front end hands the
-    requests to the engine one at a time and no queue forms (0.00-0.34 on average, batch never seen full;
-    issue 33 point 5, left open with figures): a retry, which can fail three times. No call sees more than the eight the other
-    callers can have waiting, none more than two running. vLLM's own spans say how long its queue held
-    the calls (at least 1.5 on average over the time its front end had them); the report reads the
-    waiting requests rising by at least one between the earlier and the later half of the calls, while
-    the client's own queue stayed empty, and says the queue is on the server. The sampler waits up to 10 s
+    do), all released together, each call 480 tokens long: two run, eight wait in vLLM's queue, and as
+    each pair ends the next pair starts. vLLM's own spans say how long its queue held the calls: 4 on
+    average over the time its front end had them if all ten arrive at once ((0+0+1+1+2+2+3+3+4+4) pairs'
+    time over five pairs' time), at least 1.5 unless the front end took longer to hand them on than the
+    engine took to answer a pair (about 1.3 s at double load, against 0.5 s at most measured for the
+    arrivals; issue 43's notes). The test sent two first and the other eight once vLLM's own page
+    said those two ran: at double load the test saw that page late, the first two were often done by
+    then, and the queue it measured was whatever the eight alone made. No call sees more than the eight
+    the other callers can have waiting, none more than two running; the report reads the waiting
+    requests rising by at least one between the earlier and the later half of the calls, while the
+    client's own queue stayed empty, and says the queue is on the server. The sampler waits up to 10 s
     for each phase of a read: at double load vLLM's front end answered `/metrics` after more than 2 s
     while its engine's queue was full, and reads that time out left every call the idle page from before."""
     sampler = busy_server_sampler(real_vllm, timeout=10.0)
     client = client_for(real_vllm, server_metrics=sampler)
     for _ in range(10):
         ask(client, real_vllm.model, stream=True, max_tokens=8)
-    callers, first = 10, real_vllm.max_num_seqs
-    together = threading.Barrier(callers - first)
+    callers = 10
+    together = threading.Barrier(callers)
 
-    def caller(wait: bool) -> None:
-        if wait:
-            together.wait(60)
+    def caller() -> None:
+        together.wait(60)
         ask(client, real_vllm.model, stream=False, max_tokens=LONG)
 
-    threads = [threading.Thread(target=caller, args=(index >= first,)) for index in range(callers)]
+    threads = [threading.Thread(target=caller) for _ in range(callers)]
     try:
-        for thread in threads[:first]:
-            thread.start()
-        # Not seen (a front end too starved to answer in time): the eight go anyway, and vLLM's spans
-        # below say whether they queued.
-        full = wait_for_running(real_vllm, first, threads[:first])
-        for thread in threads[first:]:
+        for thread in threads:
             thread.start()
     finally:
         for thread in threads:
@@ -654,7 +628,7 @@ def test_the_pressure_signals_under_sustained_load(
     loaded = [found[trace_hex(span)] for span in spans[10:]]
     queued = sum(span.attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] for span in loaded)
     lasted = (max(span.end_ns for span in loaded) - min(span.start_ns for span in loaded)) / 1e9
-    assert queued / lasted >= 1.5, f"vLLM's queue held {queued / lasted:.2f} requests on average ({full=})"
+    assert queued / lasted >= 1.5, f"vLLM's queue held {queued / lasted:.2f} requests on average"
     for span in spans:
         assert span.attributes[names.VLLM_NUM_REQUESTS_RUNNING] <= real_vllm.max_num_seqs
         assert span.attributes.get(names.VLLM_NUM_REQUESTS_WAITING_MAX, 0) <= callers - real_vllm.max_num_seqs
@@ -665,7 +639,7 @@ def test_the_pressure_signals_under_sustained_load(
     assert any("the queue is on the server" in note for note in report["triage"]["notes"]), report["triage"]
     print(
         f"\nreal vLLM under load: vLLM's queue held {queued / lasted:.1f} on average; the calls saw waiting "
-        f"{pressure['waiting_before']:.1f} -> {pressure['waiting_after']:.1f}; batch seen full first: {full}"
+        f"{pressure['waiting_before']:.1f} -> {pressure['waiting_after']:.1f}"
     )
 
 
