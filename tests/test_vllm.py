@@ -933,13 +933,13 @@ client.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "co
 
 @pytest.mark.timeout(
     600
-)  # 25 fresh interpreters, three at a time: about 20 s on a quiet machine, several times that when busy
+)  # 25 fresh interpreters, three at a time: under 40 s on a quiet machine, several times that when busy
 def test_the_first_call_right_after_instrument_succeeds_in_every_fresh_process() -> None:
     """The sampler thread used to `import httpx` while the app's first request ran; the openai 3.x
     SDK looks `httpx` up in `sys.modules` and failed on the half-imported module in about one
     fresh process in five. Only a fresh process has never imported it, hence one per try. The race is
     between two threads of one process: three processes at a time (one importing while another waits
-    on the server) leave it as it was and take half the time."""
+    on the server) leave it as it was, in less time than one after another."""
     tries, at_once = 25, 3
     failures: list[str] = []
     with vllm() as sim:
