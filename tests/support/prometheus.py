@@ -16,6 +16,7 @@ import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -74,20 +75,21 @@ class PrometheusServer:
         stamps = {float(at) for series in json.loads(body)["data"]["result"] for at, _ in series["values"]}
         return sorted(at for at in stamps if after < at <= until)
 
-    def window(self, selector: str, settled_at: float, timeout_s: float = 30.0) -> RunWindow:
+    def window(self, selector: str, settled_at: float, timeout_s: float = 60.0) -> RunWindow:
         """A report window over a run about to start, when the app's counters (`selector`: one of them)
-        have not moved since `settled_at` (wall clock): it begins half a second before a scrape stored at
-        least a second after that. Every sample in it before the run then holds the settled values, and
-        one of them is in it however the scrapes fell, even when the report's own clock reads up to half a
-        second later than the caller's: increase() counts the run's whole rise, never less."""
+        have not moved since `settled_at` (wall clock). Once Prometheus has stored a scrape `DRIFT` seconds
+        after `settled_at` (and half a second), the window begins `DRIFT` seconds before the latest
+        scrape: every sample in it before the run holds the settled values, and one of them is still in
+        it when the report reads its own clock up to `DRIFT` seconds after the caller asked (`since`) and
+        the window slides that much later. increase() then counts the run's whole rise, never less; the
+        window holds little idle time before the run (gauges are averaged over it)."""
+        drift = RunWindow.DRIFT
         deadline = time.monotonic() + timeout_s
-        while True:
-            stored = self.scrapes(selector, settled_at + 1.0)
-            if stored:
-                return RunWindow(self, selector, stored[0] - 0.5)
+        while not (stored := self.scrapes(selector, settled_at + 0.5 + drift)):
             if time.monotonic() > deadline:
                 raise AssertionError(f"no scrape of {selector} stored within {timeout_s} s")
             time.sleep(0.1)
+        return RunWindow(self, selector, max(settled_at + 0.5, stored[-1] - drift - 0.05))
 
 
 @dataclass
@@ -95,6 +97,9 @@ class RunWindow:
     """The window from `start` (wall clock) to a report's own `now`; `since()` is its `--since`, taken just
     before the report runs, and `stretch()` just after says how far increase() may have stretched a rise
     counted over it."""
+
+    DRIFT: ClassVar[float] = 1.0
+    """Seconds the report may read its clock after `since()` (a thread kept off a busy CPU) and count all."""
 
     server: PrometheusServer
     selector: str
@@ -108,13 +113,13 @@ class RunWindow:
     def stretch(self) -> float:
         """increase() extrapolates the rise between the first and the last sample in the window to its
         edges (it never shrinks it): at most by the window's length over the time between those samples.
-        The report read its clock between `since()` and now, so its window began up to that much after
-        `start` and ended before now; every sample up to `since()` was in it."""
-        ended = time.time()
-        late = ended - self.asked
-        first = self.server.scrapes(self.selector, self.start + late, self.asked)
-        assert len(first) >= 2, f"{len(first)} scrapes of {self.selector} in the window"
-        return (ended - self.start) / (first[-1] - first[0])
+        The report read its clock between `since()` and now, so its window slid up to that much later
+        than asked (at most `DRIFT` seconds for it to hold the run's whole rise): its first sample is at
+        worst the first after `start` plus that slide, and every sample up to `since()` was in it."""
+        slide = min(time.time() - self.asked, self.DRIFT)
+        stored = self.server.scrapes(self.selector, self.start + slide, self.asked)
+        assert len(stored) >= 2, f"{len(stored)} scrapes of {self.selector} in the window"
+        return (self.asked - self.start) / (stored[-1] - stored[0])
 
 
 @contextlib.contextmanager

@@ -67,9 +67,11 @@ ENV_REQUIRE_REAL_SERVERS = "LLMSPANS_REQUIRE_REAL_SERVERS"
 
 STARTUP_TIMEOUT = 60.0
 """Seconds a server may take to become ready (Phoenix needs about 10 s, transformers serve about 5 s)."""
-VLLM_STARTUP_TIMEOUT = 240.0
+VLLM_STARTUP_TIMEOUT = 480.0
 """Seconds vLLM may take: 25 to 37 s on an idle 2-core machine, about a minute on a busy one, more on its
-very first start (it compiles the model once and caches that under ~/.cache/vllm)."""
+very first start (it compiles the model once and caches that under ~/.cache/vllm); 106-214 s under
+`stress-ng --cpu 2` beside other work (load 16-27), and more than 240 s at load 50-68. Only a wait: a
+server that starts sooner is used sooner."""
 STOP_GRACE = 10.0
 """Seconds between SIGTERM and SIGKILL when a server is stopped."""
 
