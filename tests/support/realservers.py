@@ -65,8 +65,9 @@ __all__ = [
 ENV_REAL_SERVERS_DIR = "LLMSPANS_REAL_SERVERS_DIR"
 ENV_REQUIRE_REAL_SERVERS = "LLMSPANS_REQUIRE_REAL_SERVERS"
 
-STARTUP_TIMEOUT = 60.0
-"""Seconds a server may take to become ready (Phoenix needs about 10 s, transformers serve about 5 s)."""
+STARTUP_TIMEOUT = 120.0
+"""Seconds a server may take to become ready (Phoenix needs about 10 s, transformers serve about 5 s, several
+times that on a loaded machine). Only a wait: a server that starts sooner is used sooner."""
 VLLM_STARTUP_TIMEOUT = 480.0
 """Seconds vLLM may take: 25 to 37 s on an idle 2-core machine, about a minute on a busy one, more on its
 very first start (it compiles the model once and caches that under ~/.cache/vllm); 106-214 s under
@@ -463,6 +464,10 @@ def phoenix_server(
                 "PHOENIX_GRPC_PORT": str(grpc_port),
                 "PHOENIX_WORKING_DIR": str(data_dir),
                 "PHOENIX_TELEMETRY_ENABLED": "false",
+                # Phoenix 20's agent assistant connects to an outside docs server while it starts (Phoenix waits
+                # for it to fail: with no way out, its start outlasted 60 s at load 50-69). Tests need neither.
+                "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
+                "PHOENIX_DISABLE_AGENT_ASSISTANT": "true",
                 "LLMSPANS_GRPC_LOOPBACK": "1",
             }
         )
