@@ -103,6 +103,9 @@ def _run(server: PrometheusServer, app: _App) -> RunWindow:
     return window
 
 
+# The module's fixture starts Prometheus and every scenario's app, each warming up: 30 s quiet, over 120 s
+# (pytest's default timeout here) at load 60. Only a bound on a hang.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_prometheus_names_the_dominant_part_the_spans_name(
     scenario: str,
