@@ -13,6 +13,7 @@ times given, is compared whole, times included.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -220,16 +221,7 @@ def test_held_spans_export_what_sdk_spans_export_field_by_field(server: Simulate
         runs.append(found)
     held_spans, sdk_spans = runs
     assert len(held_spans) == len(sdk_spans) == 14
-    held_shown = sorted((_shown(span, _places(held_spans)) for span in held_spans), key=lambda s: s["place"])
-    sdk_shown = sorted((_shown(span, _places(sdk_spans)) for span in sdk_spans), key=lambda s: s["place"])
-    for one, other in zip(held_shown, sdk_shown, strict=True):
-        differing = {key: (one[key], other[key]) for key in one if one[key] != other[key]}
-        if "attributes" in differing:
-            a, b = differing["attributes"]
-            differing["attributes"] = {k: (a.get(k), b.get(k)) for k in {*a, *b} if a.get(k) != b.get(k)}  # type: ignore[assignment]
-        assert not differing, (one["place"], differing)
-    # Ids are drawn as the SDK draws them: the same counter gives both runs the same ids, span for span.
-    assert sorted(s.context.span_id for s in held_spans) == sorted(s.context.span_id for s in sdk_spans)  # type: ignore[union-attr]
+    held_shown = _same(held_spans, sdk_spans)
     kinds = {s["name"] for s in held_shown}
     assert {
         "turn chat",
@@ -240,6 +232,135 @@ def test_held_spans_export_what_sdk_spans_export_field_by_field(server: Simulate
     } <= kinds
     weights = {s["attributes"].get(names.SAMPLE_WEIGHT) for s in held_shown}
     assert weights == ({1.0} if tail else {None})
+
+
+def _same(held_spans: list[ReadableSpan], sdk_spans: list[ReadableSpan]) -> list[dict[str, Any]]:
+    """Held and SDK spans compared field by field, by place; the held ones as shown."""
+    held_shown = sorted((_shown(span, _places(held_spans)) for span in held_spans), key=lambda s: s["place"])
+    sdk_shown = sorted((_shown(span, _places(sdk_spans)) for span in sdk_spans), key=lambda s: s["place"])
+    for one, other in zip(held_shown, sdk_shown, strict=True):
+        differing = {key: (one[key], other[key]) for key in one if one[key] != other[key]}
+        if "attributes" in differing:
+            a, b = differing["attributes"]
+            differing["attributes"] = {k: (a.get(k), b.get(k)) for k in {*a, *b} if a.get(k) != b.get(k)}  # type: ignore[assignment]
+        assert not differing, (one["place"], differing)
+    # Ids are drawn as the SDK draws them: the same counter gives both runs the same ids, span for span.
+    assert sorted(s.context.span_id for s in held_spans) == sorted(s.context.span_id for s in sdk_spans)  # type: ignore[union-attr]
+    return held_shown
+
+
+async def async_workload(server: SimulatedServer) -> None:
+    """The ends a stream can have, async and sync: read to its end, closed after one chunk, its task
+    cancelled while it waits for the next, cut by the server after one chunk; and a failed async call."""
+    server.default = Behavior(chunks=3, usage="finish")
+    client = llmspans.instrument(openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+    plain = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+    with llmspans.turn("async chat"):
+        async for _chunk in await client.chat.completions.create(
+            model="sim-model", messages=MESSAGES, stream=True
+        ):
+            pass
+        stream = await client.chat.completions.create(model="sim-model", messages=MESSAGES, stream=True)
+        async for _chunk in stream:
+            break
+        await stream.close()
+    server.enqueue(Behavior(chunks=3, chunk_gap=30.0))  # (the server's wait ends with the connection)
+    first = asyncio.Event()
+
+    async def read() -> None:
+        async for _chunk in await client.chat.completions.create(
+            model="sim-model", messages=MESSAGES, stream=True
+        ):
+            first.set()
+
+    task = asyncio.create_task(read())
+    await first.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    server.enqueue(Behavior(chunks=3, drop_after=1))
+    with pytest.raises(openai.APIError):
+        async for _chunk in await client.chat.completions.create(
+            model="sim-model", messages=MESSAGES, stream=True
+        ):
+            pass
+    sync_stream = plain.chat.completions.create(model="sim-model", messages=MESSAGES, stream=True)
+    next(iter(sync_stream))
+    sync_stream.close()
+    with pytest.raises(openai.APIStatusError):
+        await client.chat.completions.create(
+            model="sim-model", messages=MESSAGES, extra_body={"x_sim": {"status": 500}}
+        )
+    await client.close()
+
+
+@pytest.mark.parametrize("tail", [True, False], ids=["tail sampling", "plain provider"])
+def test_async_and_cut_streams_end_their_held_spans_as_sdk_spans_end(
+    server: SimulatedServer, tail: bool
+) -> None:
+    runs = []
+    for held in (True, False):
+        with recording(held, tail) as spans:
+            asyncio.run(async_workload(server))
+            found = spans()
+        runs.append(found)
+    held_spans, sdk_spans = runs
+    assert len(held_spans) == len(sdk_spans) >= 7
+    outcomes = sorted(
+        str(s["attributes"].get(names.STREAM_OUTCOME))
+        for s in _same(held_spans, sdk_spans)
+        if s["kind"] == SpanKind.CLIENT and s["name"] != "POST"
+    )
+    assert outcomes == sorted(["completed", "abandoned", "cancelled", "error", "abandoned", "None"]), outcomes
+
+
+class _BrokenEnd(SpanProcessor):
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("a broken processor")
+
+
+class _BrokenExporter(InMemorySpanExporter):
+    def export(self, spans: Any) -> Any:
+        raise RuntimeError("a broken exporter")
+
+
+@pytest.mark.parametrize("broken", [_BrokenEnd, _BrokenExporter], ids=["processor", "exporter"])
+def test_a_broken_processor_or_exporter_beside_held_spans_never_reaches_the_app(
+    server: SimulatedServer, broken: type
+) -> None:
+    """Held spans built at their end (the provider's processors are all quiet at start): a processor whose
+    `on_end` raises, or an exporter that does, reaches neither a sync nor an async call, a stage or a turn;
+    the healthy processor before it still gets every span, ended."""
+    server.default = Behavior(chunks=2, usage="finish")
+    exported = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_ON)
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    provider.add_span_processor(broken() if broken is _BrokenEnd else SimpleSpanProcessor(broken()))
+    assert _held_span.plan_of(provider.get_tracer(names.INSTRUMENTATION_NAME)) is not None  # held
+    plain = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+
+    @llmspans.stage("prompt")
+    def prompt() -> str:
+        return "p"
+
+    async def asking() -> None:
+        client = llmspans.instrument(openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+        async for _chunk in await client.chat.completions.create(
+            model="sim-model", messages=MESSAGES, stream=True
+        ):
+            pass
+        await client.close()
+
+    with _telemetry.use_providers(provider, MeterProvider()), llmspans.turn("chat"):
+        prompt()
+        for _chunk in plain.chat.completions.create(model="sim-model", messages=MESSAGES, stream=True):
+            pass
+        asyncio.run(asking())
+    settle()
+    spans = exported.get_finished_spans()
+    assert sorted(span.name for span in spans) == ["chat sim-model", "chat sim-model", "prompt", "turn chat"]
+    assert all(span.end_time is not None for span in spans)
+    provider.shutdown()
 
 
 def test_a_dropped_trace_builds_nothing_and_a_kept_one_is_built_once(server: SimulatedServer) -> None:
