@@ -161,7 +161,11 @@ def configure(
     and the project name Arize Phoenix reads. `metrics=False` exports no metrics (see `metrics_route`
     for where they go otherwise). `tail_sampling=llmspans.TailSampling(...)` records every trace and
     exports only those its rules keep (`_tail_sampling`; it wins over `OTEL_TRACES_SAMPLER`, said in the
-    notes). Export failures never raise into the application.
+    notes); without it, `LLMSPANS_TAIL_SAMPLING` is read. Under tail sampling llmspans' call, stage and
+    turn spans are held as facts and built only for a kept trace, while the tail-sampling processor is the
+    provider's only one: a processor the app adds to that provider (`add_span_processor`) ends this,
+    and sees every span, kept or dropped, as an SDK span from its start, as `defer=False` does (docs:
+    Sampling, Deferred spans). Export failures never raise into the application.
     """
     global _current
     _check_arguments(service_name, endpoint, protocol, traces_file, headers, metric_interval, compression)
