@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -102,8 +103,13 @@ def recording(held: bool, tail: bool) -> Iterator[Callable[[], list[ReadableSpan
     try:
         with _telemetry.use_providers(provider, meter_provider):
 
-            def spans() -> list[ReadableSpan]:
+            def spans(expected: int = 0) -> list[ReadableSpan]:
+                """What was exported, once `expected` spans have ended: a hedge's loser (or a cut stream)
+                may end on its own thread a moment after the call returned (a wait only, bounded)."""
                 settle()
+                deadline = time.monotonic() + 10
+                while len(exported.get_finished_spans()) < expected and time.monotonic() < deadline:
+                    time.sleep(0.005)
                 return list(exported.get_finished_spans())
 
             yield spans
@@ -217,10 +223,13 @@ def test_held_spans_export_what_sdk_spans_export_field_by_field(server: Simulate
     for held in (True, False):
         with recording(held, tail) as spans:
             workload(server)
-            found = spans()
+            found = spans(14)
         runs.append(found)
     held_spans, sdk_spans = runs
-    assert len(held_spans) == len(sdk_spans) == 14
+    assert len(held_spans) == len(sdk_spans) == 14, (
+        sorted(s.name for s in held_spans),
+        sorted(s.name for s in sdk_spans),
+    )
     held_shown = _same(held_spans, sdk_spans)
     kinds = {s["name"] for s in held_shown}
     assert {
@@ -302,10 +311,10 @@ def test_async_and_cut_streams_end_their_held_spans_as_sdk_spans_end(
     for held in (True, False):
         with recording(held, tail) as spans:
             asyncio.run(async_workload(server))
-            found = spans()
+            found = spans(7)
         runs.append(found)
     held_spans, sdk_spans = runs
-    assert len(held_spans) == len(sdk_spans) >= 7
+    assert len(held_spans) == len(sdk_spans) == 7, sorted(span.name for span in held_spans)
     outcomes = sorted(
         str(s["attributes"].get(names.STREAM_OUTCOME))
         for s in _same(held_spans, sdk_spans)
