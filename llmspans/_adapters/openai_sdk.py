@@ -20,7 +20,7 @@ from typing import Any
 import wrapt
 from opentelemetry import context as otel_context
 
-from llmspans import _content, _conversation, _guard, _openai_wire, _telemetry, _transport
+from llmspans import _content, _conversation, _guard, _internals, _openai_wire, _telemetry, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._adapters import openai_entry
@@ -28,7 +28,7 @@ from llmspans._adapters.body_readers import StreamObserver
 from llmspans._adapters.openai_entry import called_at
 from llmspans._call import CallRecord
 from llmspans._guard import Deliberate, check_fault, report, swallow
-from llmspans._openai_wire import RESPONSES_DELTAS, ChunkInfo
+from llmspans._openai_wire import ChunkInfo, carries_tokens, choice_carries_tokens
 from llmspans._settings import Settings
 from llmspans._stream import AsyncStreamProxy, SyncStreamProxy
 
@@ -134,11 +134,7 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
         content = False
         for choice in choices:
             delta = choice.delta
-            if (
-                not content
-                and delta is not None
-                and (delta.content or delta.tool_calls or delta.refusal or reasoning_in(delta))
-            ):
+            if not content and delta is not None and choice_carries_tokens(choice):
                 content = True  # one content chunk however many choices it carries
                 record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
             reason = choice.finish_reason
@@ -152,7 +148,8 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
 
 def _chat_text_item(reading: _Reading, item: Any, now: int) -> bool:
     """`_chat_item` for a call that captures no content, with a shortcut for the chunk nearly all of a
-    stream is: one choice whose delta carries text, no finish reason, no usage, not the first chunk."""
+    stream is: one choice whose delta carries text, no finish reason, no usage, not the first chunk (the
+    commonest case of `_openai_wire.carries_tokens`, read inline)."""
     choices = item.choices
     if choices and len(choices) == 1 and item.usage is None:
         choice = choices[0]
@@ -163,13 +160,6 @@ def _chat_text_item(reading: _Reading, item: Any, now: int) -> bool:
                 record.content_chunk(now)
                 return False
     return _chat_item(reading, item, now)
-
-
-def reasoning_in(delta: Any) -> bool:
-    """Reasoning in a chunk: vLLM's `reasoning` or DeepSeek's `reasoning_content`, fields the SDK's types
-    do not declare (a model keeps them in its extras: looked up there, not through `getattr`'s exception)."""
-    extra = getattr(delta, "__pydantic_extra__", None)
-    return bool(extra and (extra.get("reasoning") or extra.get("reasoning_content")))
 
 
 def _tokens_in(record: CallRecord, usage: Any) -> int:
@@ -186,7 +176,7 @@ def _completion_item(reading: _Reading, item: Any, now: int) -> bool:
         _first_chunk(record, item)
     choices = item.choices
     if choices:
-        if choices[0].text:
+        if carries_tokens(item):
             record.content_chunk(now)
         for choice in choices:
             if choice.finish_reason:
@@ -199,11 +189,11 @@ def _completion_item(reading: _Reading, item: Any, now: int) -> bool:
 
 
 def _responses_item(reading: _Reading, item: Any, now: int) -> bool:
+    if carries_tokens(item):
+        reading.record.content_chunk(now)
+        return False
     kind = getattr(item, "type", None)
-    if isinstance(kind, str) and kind in RESPONSES_DELTAS:
-        if getattr(item, "delta", None):
-            reading.record.content_chunk(now)
-    elif kind in _RESPONSE_EVENTS:
+    if kind in _RESPONSE_EVENTS:
         _apply(reading.record, _openai_wire.read_response_event(kind, getattr(item, "response", None)))
     return False
 
@@ -312,13 +302,7 @@ class OpenAIInstrumentation:
         self.settings = settings
         self.is_async = isinstance(client, openai.AsyncOpenAI)
         self._stream_types = (openai.Stream, openai.AsyncStream)
-        from openai import _legacy_response, _response
-
-        self._raw_types = (
-            _legacy_response.LegacyAPIResponse,
-            _response.APIResponse,
-            _response.AsyncAPIResponse,
-        )
+        self._raw_types = _internals.openai_raw_response_types()
         self._original_request = client.request
         self._send = self._original_request  # what sends an LLM call: the SDK's request, or a hedge's
         self._original_copy = client.copy
@@ -330,7 +314,8 @@ class OpenAIInstrumentation:
         client.copy = client.with_options = self._copy
         if self.settings.hedge is not None:
             self._send = self.settings.hedge.sender(client, self._original_request, self.settings.limiter)
-        self._transport_installed = _transport.install(client._client)
+        http_client = _internals.openai_http_client(client)
+        self._transport_installed = http_client is not None and _transport.install(http_client)
         setattr(client, _MARK, self)
 
     def uninstall(self) -> None:
@@ -338,7 +323,7 @@ class OpenAIInstrumentation:
         for attribute in ("request", "copy", "with_options", "_prepare_request"):  # the last: a sync hedge's
             client.__dict__.pop(attribute, None)
         if self._transport_installed:
-            _transport.remove(client._client)
+            _transport.remove(_internals.openai_http_client(client))
         client.__dict__.pop(_MARK, None)
         self.settings.close()
 

@@ -5,14 +5,16 @@ function that sends its calls."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmspans import _internals, _openai_wire, _transport
 from llmspans import _sites as sites
-from llmspans._adapters.openai_sdk import original_request, raw_mode, reasoning_in
+from llmspans._adapters.openai_sdk import original_request, raw_mode
 from llmspans._call import CallRecord
 from llmspans._guard import guarded
+from llmspans._hedge import runs
 from llmspans._hedge.policy import Hedge, check_client, eligible, is_async
 from llmspans._hedge.race import Race
 from llmspans._limiter import Limiter
@@ -59,10 +61,11 @@ class Hedging:
         if not eligible(str(getattr(options, "method", "post")), url, body):
             return None
         backup_send = functools.partial(self.backup_request, client, send)
-        is_content = _content_check(url) if call.stream else _whole  # a whole answer is won at its headers
+        is_content = _openai_wire.carries_tokens if call.stream else _whole  # a whole answer: at its headers
         return Race(
-            self.hedge, call, send, backup_send, limiter, self.is_async, args, kwargs, body, is_content
-        )
+            self.hedge, call, send, backup_send, limiter, self.is_async, args, kwargs, body, is_content,
+            time.perf_counter_ns(),
+        )  # fmt: skip
 
     def backup_request(self, client: Any, send: Callable[..., Any]) -> Callable[..., Any]:
         """What sends the backup: the client's own request, or the backup client's (under llmspans' own
@@ -84,7 +87,7 @@ def _send_sync(
     race = hedging.start(client, send, limiter, args, kwargs)
     if race is None:
         return send(*args, **kwargs)
-    return race.run_sync()
+    return runs.run_sync(race)
 
 
 async def _send_async(
@@ -98,37 +101,11 @@ async def _send_async(
     race = hedging.start(client, send, limiter, args, kwargs)
     if race is None:
         return await send(*args, **kwargs)
-    return await race.run_async()
+    return await runs.run_async(race)
 
 
 # --- what an SDK item says ------------------------------------------------------------------------------
 
 
-def _content_check(url: str) -> Callable[[Any], bool]:
-    """Whether an SDK item of this operation's stream carries tokens (the adapter's per-chunk readers' rule)."""
-    if _openai_wire.is_responses_path(url):
-        return _responses_content
-    if url.rstrip("/").endswith("/chat/completions"):
-        return _chat_content
-    return _completion_content
-
-
 def _whole(item: Any) -> bool:
     return True
-
-
-def _chat_content(item: Any) -> bool:
-    for choice in item.choices or ():
-        delta = choice.delta
-        if delta is not None and (delta.content or delta.tool_calls or delta.refusal or reasoning_in(delta)):
-            return True
-    return False
-
-
-def _completion_content(item: Any) -> bool:
-    choices = item.choices
-    return bool(choices and choices[0].text)
-
-
-def _responses_content(item: Any) -> bool:
-    return getattr(item, "type", None) in _openai_wire.RESPONSES_DELTAS and bool(getattr(item, "delta", None))

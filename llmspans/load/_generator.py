@@ -34,6 +34,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import llmspans
 from llmspans import _deferred, _retries, _suppress
+from llmspans._adapters.body_readers import chunk_listener
+from llmspans._openai_wire import carries_tokens
 from llmspans.load._model import Level
 from llmspans.load._requests import CURRENT, LevelStamper, RequestRecord
 from llmspans.load._workload import Workload
@@ -91,7 +93,6 @@ class Generator:
         tracer_provider.add_span_processor(self.stamper)
         self._client: Any = None
         self._create: Callable[..., Any] = _not_started
-        self._content = _CONTENT[workload.endpoint]
 
     async def start(self) -> None:
         """The client, and one warm-up request no span records: the SDK's one-off set-up is not in the
@@ -132,7 +133,6 @@ class Generator:
         import httpx2
 
         from llmspans.load._http import LeanTransport
-        from llmspans.load._plain import LoadCalls
 
         self._client = httpx2.AsyncClient(
             base_url=self.base_url.rstrip("/") + "/", transport=LeanTransport(self.timeout),
@@ -145,10 +145,6 @@ class Generator:
             limiter=self.limiter,
             server_metrics=self.server_metrics or False,
         )
-        transport = self._client._transport
-        opener = getattr(transport, "_plain", None)
-        if opener is not None:  # the adapter's opener, with the load tool's stream observer
-            transport._plain = LoadCalls(opener.settings)
         self._url = httpx2.URL(self.base_url.rstrip("/") + "/" + _PATHS[self.workload.endpoint])
         self._headers = [(name.encode(), value.encode()) for name, value in self._client.headers.items()]
 
@@ -274,16 +270,19 @@ class Generator:
     async def _one(self, record: RequestRecord, arguments: Any) -> None:
         """One request, consumed as an app would; what it measured lands on `record`."""
         token = CURRENT.set(record)
-        content = self._content
         try:
             record.issued_ns = time.perf_counter_ns()
             if self.client == "httpx":
-                await self._send(record, arguments)
+                listening = chunk_listener.set(record)  # the adapter's reader stamps its chunks
+                try:
+                    await self._send(record, arguments)
+                finally:
+                    chunk_listener.reset(listening)
                 return
             response = await self._create(**arguments)
             if self.workload.stream:
                 async for item in response:
-                    if content(item):
+                    if carries_tokens(item):
                         record.chunk_ns.append(time.perf_counter_ns())
         except asyncio.CancelledError:
             record.cancelled = True
@@ -364,24 +363,29 @@ def _backoff(attempt: int, retry_after_s: float | None) -> float:
 
 def _give_up_held() -> None:
     """The last attempt failed: its call ends now, not after the wait for a retry that will not come."""
-    held = _retries._held.get()
-    if held is not None:
-        _retries._held.set(None)
-        held._give_up()
+    _retries.give_up()
 
 
 async def _stamp_chunks(response: Any, record: RequestRecord) -> None:
-    """A stream no observer watched: each content event stamped at the read it came in."""
-    from llmspans.load._plain import content_of
+    """Each content event of a stream stamped at the read it came in (`_openai_wire`'s rule)."""
+    from llmspans.load._plain import carries_tokens_in
 
+    chunk_ns = record.chunk_ns
     pending = b""
     async for piece in response.aiter_raw():
         now = time.perf_counter_ns()
-        *events, pending = (pending + piece).replace(b"\r\n", b"\n").split(b"\n\n")
+        buffer = pending + piece if pending else piece
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        *events, pending = buffer.split(b"\n\n")
         for event in events:
+            if event.startswith(b"data: ") and b"\n" not in event:  # one data line, the usual event
+                if carries_tokens_in(event[6:]):
+                    chunk_ns.append(now)
+                continue
             for line in event.split(b"\n"):
-                if line.startswith(b"data:") and content_of(line[5:].strip().decode("utf-8", "replace")):
-                    record.chunk_ns.append(now)
+                if line.startswith(b"data:") and carries_tokens_in(line[5:].strip()):
+                    chunk_ns.append(now)
 
 
 def _not_started(**_: Any) -> Any:
@@ -394,36 +398,3 @@ def _creator(client: Any, endpoint: str) -> Callable[..., Any]:
     if endpoint == "completions":
         return client.completions.create  # type: ignore[no-any-return]
     return client.responses.create  # type: ignore[no-any-return]
-
-
-def _chat_content(chunk: Any) -> bool:
-    choices = getattr(chunk, "choices", None)
-    if not choices:
-        return False
-    delta = getattr(choices[0], "delta", None)
-    return bool(
-        delta is not None
-        and (
-            getattr(delta, "content", None)
-            or getattr(delta, "tool_calls", None)
-            or getattr(delta, "reasoning_content", None)
-        )
-    )
-
-
-def _completion_content(chunk: Any) -> bool:
-    choices = getattr(chunk, "choices", None)
-    return bool(choices and getattr(choices[0], "text", None))
-
-
-def _responses_content(event: Any) -> bool:
-    return getattr(event, "type", None) == "response.output_text.delta" and bool(
-        getattr(event, "delta", None)
-    )
-
-
-_CONTENT: dict[str, Callable[[Any], bool]] = {
-    "chat": _chat_content,
-    "completions": _completion_content,
-    "responses": _responses_content,
-}
