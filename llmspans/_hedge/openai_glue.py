@@ -76,32 +76,14 @@ class Hedging:
         return original_request(backup)
 
 
-def _send_sync(
-    hedging: Hedging,
-    client: Any,
-    send: Callable[..., Any],
-    limiter: Limiter | None,
-    *args: Any,
-    **kwargs: Any,
-) -> Any:
+def _send_sync(hedging: Hedging, client: Any, send: Callable[..., Any], limiter: Limiter | None, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
     race = hedging.start(client, send, limiter, args, kwargs)
-    if race is None:
-        return send(*args, **kwargs)
-    return runs.run_sync(race)
+    return send(*args, **kwargs) if race is None else runs.run_sync(race)
 
 
-async def _send_async(
-    hedging: Hedging,
-    client: Any,
-    send: Callable[..., Any],
-    limiter: Limiter | None,
-    *args: Any,
-    **kwargs: Any,
-) -> Any:
+async def _send_async(hedging: Hedging, client: Any, send: Callable[..., Any], limiter: Limiter | None, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
     race = hedging.start(client, send, limiter, args, kwargs)
-    if race is None:
-        return await send(*args, **kwargs)
-    return await runs.run_async(race)
+    return await send(*args, **kwargs) if race is None else await runs.run_async(race)
 
 
 # --- what an SDK item says ------------------------------------------------------------------------------

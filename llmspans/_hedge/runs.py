@@ -20,7 +20,7 @@ from llmspans import _transport
 from llmspans._guard import report, swallow
 from llmspans._hedge.alarms import alarms
 from llmspans._hedge.copies import Copy, ReadAhead
-from llmspans._hedge.race import AWAIT_BACKUP, HAND_OVER, RAISE, SETTLE, STOP, Race
+from llmspans._hedge.race import AWAIT_BACKUP, HAND_OVER, STOP, Race
 
 # --- sync: the primary in the app's thread, the backup in a thread of its own -------------------------------
 
@@ -34,29 +34,29 @@ def run_sync(race: Race) -> Any:
         except Exception as failure:  # no alarm: the call goes unhedged
             report(sites.HEDGE_FIRE, failure)
     primary = race.primary
-    result = error = None
     try:
         result = _run_copy_sync(race, primary, race.send)
-    except BaseException as caught:
-        error = caught
-    finally:
+    except BaseException as error:
         race.disarm()
-    step = race.after_primary(error)
-    if step is HAND_OVER:
-        return race.hand_over(primary, result)
-    if step is RAISE or step is STOP:
+        step = race.after_primary(error)
+        if step is AWAIT_BACKUP:
+            return _backup_answer_sync(race, error)
         if step is STOP and (backup := race.close()) is not None:
             backup.interrupt()
-        try:
-            raise error  # type: ignore[misc]
-        finally:
-            del error  # its traceback holds this frame
-    if step is SETTLE:  # a tie: its whole answer came, but the backup got there first
-        primary.settle(result)
-        _discard(result)
-    backup, done = race.backup, race.backup_done  # AWAIT_BACKUP
+        raise
+    race.disarm()
+    if race.after_primary(None) is HAND_OVER:
+        return race.hand_over(primary, result)
+    primary.settle(result)  # a tie: its whole answer came, but the backup got there first
+    return _backup_answer_sync(race, None)
+
+
+def _backup_answer_sync(race: Race, failure: BaseException | None) -> Any:
+    """Wait for the backup (it won and cut the primary, or the primary failed or tied while it ran): the call's
+    answer is then the race's to say."""
+    backup, done, primary = race.backup, race.backup_done, race.primary
     if backup is None or done is None:  # pragma: no cover - only a sent backup is waited for
-        raise error or RuntimeError("llmspans: a hedged call lost its primary without a backup")
+        raise failure or RuntimeError("llmspans: a hedged call lost its primary without a backup")
     race.release(primary)  # a primary cut by the backup's claim gives back the slot the claim gave it
     try:
         done.wait()
@@ -64,10 +64,7 @@ def run_sync(race: Race) -> Any:
         backup.interrupt()
         raise
     race.release(primary)  # a primary that failed while the backup ran: likewise, once the backup is over
-    try:
-        return race.answer(error, race.backup_outcome)
-    finally:
-        del error  # its traceback holds this frame
+    return race.answer(failure, race.backup_outcome)
 
 
 def _run_copy_sync(race: Race, copy: Copy, send: Callable[..., Any]) -> Any:
@@ -131,37 +128,37 @@ async def run_async(race: Race) -> Any:
     primary.task = caller
     uncancel = getattr(caller, "uncancel", None)
     cancelling = caller.cancelling() if uncancel is not None else 0  # type: ignore[union-attr]
-    result = error = None
     try:
         result = await _run_primary_async(race, primary)
-    except BaseException as caught:
-        error = caught
-    finally:
+    except BaseException as error:
         if timer is not None:
             timer.cancel()
-    step = race.after_primary(error)
-    if step is AWAIT_BACKUP and isinstance(error, asyncio.CancelledError) and uncancel is not None:
-        step = AWAIT_BACKUP if uncancel() <= cancelling else STOP  # else cancelled by someone else too
-    if step is HAND_OVER:
+        step = race.after_primary(error)
+        if step is AWAIT_BACKUP and isinstance(error, asyncio.CancelledError) and uncancel is not None:
+            step = AWAIT_BACKUP if uncancel() <= cancelling else STOP  # else cancelled by someone else too
+        if step is AWAIT_BACKUP:
+            return await _backup_answer_async(race, error)
+        if step is STOP:
+            await _stop_backup_async(race)
+        raise
+    if timer is not None:
+        timer.cancel()
+    if race.after_primary(None) is HAND_OVER:
         backup = race.close()
         if backup is not None:
             await _stop_async(race, backup)
         return race.hand_over(primary, result)
-    if step is RAISE or step is STOP:
-        if step is STOP:
-            await _stop_backup_async(race)
-        try:
-            raise error  # type: ignore[misc]
-        finally:
-            del error  # its traceback holds this frame
-    if step is SETTLE:  # a tie: its whole answer came, but the backup got there first
-        primary.settle(result)
-        _discard(result)
+    primary.settle(result)  # a tie: its whole answer came, but the backup got there first
+    return await _backup_answer_async(race, None)
+
+
+async def _backup_answer_async(race: Race, failure: BaseException | None) -> Any:
+    """`_backup_answer_sync` for the backup's task."""
     backup = race.backup
     task = None if backup is None else backup.task
     if task is None:  # pragma: no cover - only a sent backup is waited for
-        raise error or RuntimeError("llmspans: a hedged call lost its primary without a backup")
-    race.release(primary)
+        raise failure or RuntimeError("llmspans: a hedged call lost its primary without a backup")
+    race.release(race.primary)
     try:
         await asyncio.wait((task,))
     except BaseException:
@@ -169,17 +166,17 @@ async def run_async(race: Race) -> Any:
         await asyncio.wait((task,))
         race.release(backup)
         raise
-    race.release(primary)
-    outcome = (None, asyncio.CancelledError()) if task.cancelled() else (None, task.exception())
-    if outcome[1] is None:
-        outcome = (task.result(), None)
+    race.release(race.primary)
+    if task.cancelled():
+        outcome: tuple[Any, BaseException | None] = (None, asyncio.CancelledError())
+    else:
+        error = task.exception()
+        outcome = (None, error) if error is not None else (task.result(), None)
     try:
-        return race.answer(error, outcome)
+        return race.answer(failure, outcome)
     except BaseException:
         race.release(backup)
         raise
-    finally:
-        del error, outcome
 
 
 async def _run_primary_async(race: Race, primary: Copy) -> Any:
