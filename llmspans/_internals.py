@@ -55,11 +55,16 @@ def _reach(
     return register
 
 
-def _importable(module: str, name: str) -> bool:
+def _module(name: str) -> Any:
+    """An optional library's module, or None where it is not installed (its reaches then hold vacuously)."""
     try:
-        return hasattr(importlib.import_module(module), name)
+        return importlib.import_module(name)
     except ImportError:
-        return False
+        return None
+
+
+def _importable(module: str, name: str) -> bool:
+    return hasattr(_module(module), name)
 
 
 # --- opentelemetry-api -------------------------------------------------------------------------------------
@@ -276,11 +281,7 @@ def client_mounts(client: Any) -> dict[Any, Any] | None:
 )
 def _client_transport_present() -> bool:
     present = True
-    for module in ("httpx", "httpx2"):
-        try:
-            library = importlib.import_module(module)
-        except ImportError:
-            continue
+    for library in filter(None, map(_module, ("httpx", "httpx2"))):
         with library.Client() as client:
             present = present and client_transport(client) is not None and client_mounts(client) is not None
     return present
@@ -358,9 +359,8 @@ def openai_http_client(client: Any) -> Any:
     fallback="an openai client whose HTTP client is not found is left uninstrumented, with one debug line",
 )
 def _openai_http_client_present() -> bool:
-    try:
-        import openai
-    except ImportError:
+    openai = _module("openai")
+    if openai is None:
         return True
     client = openai.OpenAI(api_key="probe", base_url="http://127.0.0.1:9/v1")
     present = openai_http_client(client) is not None
@@ -468,13 +468,12 @@ def _exporter_parts_present() -> bool:
 
     exporter = ConsoleMetricExporter()
     present = hasattr(exporter, "_preferred_temporality") and hasattr(exporter, "_preferred_aggregation")
-    try:
-        import io
-
-        from opentelemetry.exporter.otlp.json.file import FileSpanExporter
-    except ImportError:
+    files = _module("opentelemetry.exporter.otlp.json.file")
+    if files is None:
         return present
-    inner = getattr(FileSpanExporter(stream=io.StringIO()), "_exporter", None)
+    import io
+
+    inner = getattr(files.FileSpanExporter(stream=io.StringIO()), "_exporter", None)
     return present and inner is not None and hasattr(inner, "_lock")
 
 
@@ -527,8 +526,4 @@ def openai_raw_response_types() -> tuple[type, ...]:
     fallback="a `with_raw_response` call's answer is not read by llmspans: its span lacks the answer's usage",
 )
 def _legacy_response_present() -> bool:
-    try:
-        import openai  # noqa: F401
-    except ImportError:
-        return True
-    return len(openai_raw_response_types()) == 3
+    return _module("openai") is None or len(openai_raw_response_types()) == 3

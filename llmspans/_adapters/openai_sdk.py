@@ -23,7 +23,7 @@ from opentelemetry import context as otel_context
 from llmspans import _content, _conversation, _guard, _internals, _openai_wire, _telemetry, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
-from llmspans._adapters import openai_entry
+from llmspans._adapters import derives_from, openai_entry
 from llmspans._adapters.body_readers import StreamObserver
 from llmspans._adapters.openai_entry import called_at
 from llmspans._call import CallRecord
@@ -48,10 +48,7 @@ class OpenAISDK:
         return self.matches_class(type(target))
 
     def matches_class(self, cls: type) -> bool:
-        return any(
-            base.__module__.split(".")[0] == "openai" and base.__name__ in ("OpenAI", "AsyncOpenAI")
-            for base in cls.__mro__
-        )
+        return derives_from(cls, ("openai",), ("OpenAI", "AsyncOpenAI"))
 
     def default_provider(self, client: Any) -> str:
         """`azure.ai.openai` for an Azure client (the conventions' value), else `openai`."""
@@ -208,34 +205,27 @@ def _item_reader(operation_path: str, capturing: bool) -> Callable[[_Reading, An
     return _capturing_completion_item if capturing else _completion_item
 
 
-def _capturing_chat_item(reading: _Reading, item: Any, now: int) -> bool:
-    hidden = _chat_item(reading, item, now)
-    try:
-        check_fault(sites.CONTENT_CHUNK)
-        reading.output.chat_chunk(item)  # type: ignore[union-attr]
-    except Exception as failure:  # the answer's content is incomplete; its timing is not
-        report(sites.CONTENT_CHUNK, failure)
-    return hidden
+ItemReader = Callable[[_Reading, Any, int], bool]
 
 
-def _capturing_completion_item(reading: _Reading, item: Any, now: int) -> bool:
-    hidden = _completion_item(reading, item, now)
-    try:
-        check_fault(sites.CONTENT_CHUNK)
-        reading.output.completion_chunk(item)  # type: ignore[union-attr]
-    except Exception as failure:
-        report(sites.CONTENT_CHUNK, failure)
-    return hidden
+def _capturing(read: ItemReader, keep: Callable[[_conversation.OutputMessages, Any], None]) -> ItemReader:
+    """`read`, which also keeps each item's piece of the answer (content capture on)."""
+
+    def capturing(reading: _Reading, item: Any, now: int) -> bool:
+        hidden = read(reading, item, now)
+        try:
+            check_fault(sites.CONTENT_CHUNK)
+            keep(reading.output, item)  # type: ignore[arg-type]
+        except Exception as failure:  # the answer's content is incomplete; its timing is not
+            report(sites.CONTENT_CHUNK, failure)
+        return hidden
+
+    return capturing
 
 
-def _capturing_responses_item(reading: _Reading, item: Any, now: int) -> bool:
-    hidden = _responses_item(reading, item, now)
-    try:
-        check_fault(sites.CONTENT_CHUNK)
-        reading.output.responses_event(item)  # type: ignore[union-attr]
-    except Exception as failure:
-        report(sites.CONTENT_CHUNK, failure)
-    return hidden
+_capturing_chat_item = _capturing(_chat_item, _conversation.OutputMessages.chat_chunk)
+_capturing_completion_item = _capturing(_completion_item, _conversation.OutputMessages.completion_chunk)
+_capturing_responses_item = _capturing(_responses_item, _conversation.OutputMessages.responses_event)
 
 
 def _read_result(reading: _Reading, result: Any) -> None:
@@ -451,17 +441,8 @@ class OpenAIInstrumentation:
         reading, args, kwargs = begun
         if self.settings.limiter is not None:
             reading.record.admit(self.settings.limiter)  # a limiter timeout is the caller's error to see
-        # The call is current while the SDK sends it: for the transport, and as the parent of spans.
-        record = reading.record
-        call_token, context_token = _transport.active_call.set(record), otel_context.attach(record.context())
-        try:
+        with _Sending(reading):
             result = self._send(*args, **kwargs)
-        except BaseException as error:
-            _failed(reading, error)
-            raise
-        finally:
-            otel_context.detach(context_token)
-            _transport.active_call.reset(call_token)
         return self._hand_over(reading, result)
 
     async def _async_request(self, *args: Any, **kwargs: Any) -> Any:
@@ -474,23 +455,38 @@ class OpenAIInstrumentation:
         reading, args, kwargs = begun
         if self.settings.limiter is not None:
             await reading.record.admit_async(self.settings.limiter)
-        record = reading.record
-        call_token, context_token = _transport.active_call.set(record), otel_context.attach(record.context())
-        try:
+        with _Sending(reading):
             result = await self._send(*args, **kwargs)
-        except BaseException as error:
-            _failed(reading, error)
-            raise
-        finally:
-            otel_context.detach(context_token)
-            _transport.active_call.reset(call_token)
         return self._hand_over(reading, result)
+
+
+class _Sending:
+    """The call is current while the SDK sends it (for the transport, and as the parent of spans), and what the
+    SDK raises is the call's failure; sync or async alike."""
+
+    __slots__ = ("call_token", "context_token", "reading")
+
+    def __init__(self, reading: _Reading) -> None:
+        self.reading = reading
+
+    def __enter__(self) -> None:
+        record = self.reading.record
+        self.call_token = _transport.active_call.set(record)
+        self.context_token = otel_context.attach(record.context())
+
+    def __exit__(self, exc_type: Any, error: BaseException | None, traceback: Any) -> None:
+        try:
+            if error is not None:
+                _failed(self.reading, error)
+        finally:
+            otel_context.detach(self.context_token)
+            _transport.active_call.reset(self.call_token)
 
 
 def raw_mode(options: Any) -> str | None:
     """`stream` (`with_streaming_response`), `raw` or `true` (`with_raw_response`), or None."""
     headers = getattr(options, "headers", None)
-    if not isinstance(headers, Mapping):
+    if not headers or not isinstance(headers, Mapping):  # mostly not given (falsy): no class check then
         return None
     mode = headers.get(_RAW_RESPONSE_HEADER, headers.get(_RAW_RESPONSE_HEADER.lower()))
     return mode if isinstance(mode, str) else None

@@ -43,6 +43,7 @@ class Contest(Protocol):
     call: CallRecord
     winner: Copy | None
     is_async: bool
+    lock: threading.Lock
     is_content: Callable[[Any], bool]
 
     def claim(self, copy: Copy, at_ns: int) -> bool: ...
@@ -97,7 +98,7 @@ class Copy:
         # The backup's attempts have their spans as they run (its `traceparent` names them); the primary's
         # only once a backup is sent, or as the call asked (`attempt_spans="always"`).
         self.attempt_spans_always = call.attempt_spans_always or role != names.HEDGE_ROLE_PRIMARY
-        self.lock = threading.Lock()
+        self.lock = race.lock  # the race's: one lock for a race and its copies (never held while waiting)
         if role != names.HEDGE_ROLE_PRIMARY:
             self.watching = True
 

@@ -9,11 +9,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmspans import _internals, _openai_wire, _transport
+from llmspans import _guard, _internals, _openai_wire, _transport
 from llmspans import _sites as sites
 from llmspans._adapters.openai_sdk import original_request, raw_mode
 from llmspans._call import CallRecord
-from llmspans._guard import guarded
+from llmspans._guard import check_fault, report
 from llmspans._hedge import runs
 from llmspans._hedge.policy import Hedge, check_client, eligible, is_async
 from llmspans._hedge.race import Race
@@ -41,31 +41,41 @@ class Hedging:
             return functools.partial(_send_async, self, client, send, limiter)
         return functools.partial(_send_sync, self, client, send, limiter)
 
-    @guarded(sites.HEDGE_BEGIN, None)
     def start(
         self, client: Any, send: Callable[..., Any], limiter: Limiter | None, args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Race | None:  # fmt: skip
-        """The race of one call, or None: a call that must not be sent twice (`eligible`)."""
-        call = _transport.active_call.get()
-        options = args[1] if len(args) > 1 else kwargs.get("options")
-        if call is None or type(call) is not CallRecord or options is None:
+        """The race of one call, or None: a call that must not be sent twice (`eligible`), or llmspans failed
+        (`sites.HEDGE_BEGIN`: the call goes unhedged). It runs on every call of a hedged client: no guard
+        wrapper, no abstract-class check where a plain dict is what comes."""
+        try:
+            if _guard.faults:
+                check_fault(sites.HEDGE_BEGIN)
+            call = _transport.active_call.get()
+            options = args[1] if len(args) > 1 else kwargs.get("options")
+            if call is None or type(call) is not CallRecord or options is None:
+                return None
+            url = getattr(options, "url", None)
+            if type(url) is not str or raw_mode(options) is not None:
+                return None  # a raw response the app reads itself
+            data = options.json_data
+            body: Mapping[str, Any] = data if type(data) is dict or isinstance(data, Mapping) else {}
+            extra = getattr(options, "extra_json", None)
+            if extra and isinstance(extra, Mapping):
+                body = {**body, **extra}
+            if not eligible(str(getattr(options, "method", "post")), url, body):
+                return None
+            is_content = (
+                _openai_wire.carries_tokens if call.stream else _whole
+            )  # a whole answer: at its headers
+            return Race(
+                self.hedge, call, send, functools.partial(self.backup_request, client, send), limiter, self.is_async,
+                args, kwargs, body, is_content,
+                time.perf_counter_ns(),
+            )  # fmt: skip
+        except Exception as failure:
+            report(sites.HEDGE_BEGIN, failure)
             return None
-        url = getattr(options, "url", None)
-        if not isinstance(url, str) or raw_mode(options) is not None:
-            return None  # a raw response the app reads itself
-        body: Mapping[str, Any] = options.json_data if isinstance(options.json_data, Mapping) else {}
-        extra = getattr(options, "extra_json", None)
-        if isinstance(extra, Mapping) and extra:
-            body = {**body, **extra}
-        if not eligible(str(getattr(options, "method", "post")), url, body):
-            return None
-        backup_send = functools.partial(self.backup_request, client, send)
-        is_content = _openai_wire.carries_tokens if call.stream else _whole  # a whole answer: at its headers
-        return Race(
-            self.hedge, call, send, backup_send, limiter, self.is_async, args, kwargs, body, is_content,
-            time.perf_counter_ns(),
-        )  # fmt: skip
 
     def backup_request(self, client: Any, send: Callable[..., Any]) -> Callable[..., Any]:
         """What sends the backup: the client's own request, or the backup client's (under llmspans' own

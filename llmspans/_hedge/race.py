@@ -49,23 +49,17 @@ class Race:
     backup: Copy | None = None
     backup_done: threading.Event | None = None  # a sync backup's end (made with the backup)
     backup_outcome: tuple[Any, BaseException | None] = (None, None)
-    context: contextvars.Context | None = None  # the app's, for a sync backup's thread
+    context: contextvars.Context | None = None  # the app's, for the backup's thread or task
     alarm: Alarm | None = None
+    loop: asyncio.AbstractEventLoop | None = None  # an async call's, where its backup's task runs
 
     def __init__(
         self, hedge: Hedge, call: CallRecord, send: Callable[..., Any], backup_send: Callable[[], Callable[..., Any]],
         limiter: Limiter | None, is_async: bool, args: tuple[Any, ...], kwargs: dict[str, Any],
         body: Mapping[str, Any], is_content: Callable[[Any], bool], started_ns: int,
     ) -> None:  # fmt: skip
-        self.hedge = hedge
-        self.call = call
-        self.send = send
-        self.backup_send = backup_send
-        self.limiter = limiter
-        self.is_async = is_async
-        self.args = args
-        self.kwargs = kwargs
-        self.body = body
+        self.hedge, self.call, self.limiter, self.is_async, self.body = hedge, call, limiter, is_async, body
+        self.send, self.backup_send, self.args, self.kwargs = send, backup_send, args, kwargs
         self.is_content = is_content
         model = body.get("model")
         self.model = model if isinstance(model, str) else None
@@ -238,7 +232,10 @@ class Race:
     def finished(self, record: CallRecord, outcome: str, duration_ns: int) -> None:
         telemetry.write(self, record)
         # The call is written: what tied it and the copies' answers into cycles goes (see `Copy.race`).
-        record.levers = tuple(lever for lever in record.levers if lever is not self)
+        levers = record.levers
+        record.levers = (
+            levers[:-1] if levers[-1] is self else tuple(lever for lever in levers if lever is not self)
+        )
         self.backup_outcome = (None, None)  # a stopped copy's exception: its traceback's frames hold the race
         for copy in (self.primary, self.backup):
             if copy is not None:

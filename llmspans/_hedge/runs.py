@@ -25,14 +25,20 @@ from llmspans._hedge.race import AWAIT_BACKUP, HAND_OVER, STOP, Race
 # --- sync: the primary in the app's thread, the backup in a thread of its own -------------------------------
 
 
-def run_sync(race: Race) -> Any:
+def _arm(race: Race, ring: Callable[[Race], None]) -> None:
+    """The backup's alarm (sync and async alike: arming it is a heap entry, an unfired hedge's whole cost), with
+    the app's context for the backup to run in."""
     due = race.due_ns
     if due is not None:
         try:
             race.context = contextvars.copy_context()
-            race.alarm = alarms.schedule(due, race, _fire_sync)
+            race.alarm = alarms.schedule(due, race, ring)
         except Exception as failure:  # no alarm: the call goes unhedged
             report(sites.HEDGE_FIRE, failure)
+
+
+def run_sync(race: Race) -> Any:
+    _arm(race, _fire_sync)
     primary = race.primary
     try:
         result = _run_copy_sync(race, primary, race.send)
@@ -118,12 +124,9 @@ def _run_backup_sync(race: Race, backup: Copy) -> None:
 
 
 async def run_async(race: Race) -> Any:
-    loop = asyncio.get_running_loop()
     caller = asyncio.current_task()
-    due = race.due_ns
-    timer = None
-    if due is not None:
-        timer = loop.call_later(max(0.0, (due - time.perf_counter_ns()) / 1e9), _fire_async, race, loop)
+    race.loop = asyncio.get_running_loop()
+    _arm(race, _ring_async)
     primary = race.primary
     primary.task = caller
     uncancel = getattr(caller, "uncancel", None)
@@ -131,8 +134,7 @@ async def run_async(race: Race) -> Any:
     try:
         result = await _run_primary_async(race, primary)
     except BaseException as error:
-        if timer is not None:
-            timer.cancel()
+        race.disarm()
         step = race.after_primary(error)
         if step is AWAIT_BACKUP and isinstance(error, asyncio.CancelledError) and uncancel is not None:
             step = AWAIT_BACKUP if uncancel() <= cancelling else STOP  # else cancelled by someone else too
@@ -141,8 +143,7 @@ async def run_async(race: Race) -> Any:
         if step is STOP:
             await _stop_backup_async(race)
         raise
-    if timer is not None:
-        timer.cancel()
+    race.disarm()
     if race.after_primary(None) is HAND_OVER:
         backup = race.close()
         if backup is not None:
@@ -197,8 +198,16 @@ async def _run_primary_async(race: Race, primary: Copy) -> Any:
         _transport.active_call.reset(token)
 
 
+def _ring_async(race: Race) -> None:
+    """The alarm rang (in the alarm's thread): the backup is made and sent on the call's own loop."""
+    loop = race.loop
+    if loop is not None:
+        with swallow(sites.HEDGE_FIRE):  # a loop closed meanwhile: the call is over
+            loop.call_soon_threadsafe(_fire_async, race, loop, context=race.context)
+
+
 def _fire_async(race: Race, loop: asyncio.AbstractEventLoop) -> None:
-    """The timer rang: the primary has not got there in time; send the backup in a task of its own."""
+    """The alarm rang: the primary has not got there in time; send the backup in a task of its own."""
     backup = None
     with swallow(sites.HEDGE_FIRE):  # a backup that cannot be made: the call goes on unhedged
         backup = race.fire()

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.util.types import AttributeValue
 
+from llmspans import _guard, _prompt, _telemetry, _transport
 from llmspans import _metrics as metric
 from llmspans import _names as names
-from llmspans import _prompt, _telemetry, _transport
 from llmspans import _sites as sites
 from llmspans._budget import seconds
 from llmspans._call import CallRecord, CallShape
-from llmspans._guard import guarded, swallow
+from llmspans._guard import check_fault, report, swallow
 
 if TYPE_CHECKING:
     from llmspans._hedge.race import Race
@@ -30,46 +30,51 @@ def launched(call: CallRecord, at_ns: int) -> None:
             )
 
 
-@guarded(sites.HEDGE_FINISH, None)
 def write(race: Race, record: CallRecord) -> None:
-    """The hedge's attributes on the call span and its metrics, once the call is written."""
-    fired = race.fired_ns is not None
-    attributes: dict[str, AttributeValue] = {names.HEDGE_FIRED: fired}
-    if race.after_ns is not None:
-        attributes[names.HEDGE_AFTER] = seconds(race.after_ns)
-    if race.skipped is not None:
-        attributes[names.HEDGE_SKIPPED] = race.skipped
-    if fired:
-        records: list[metric.Record] = []
-        labels = _labels_of(record.shape)
+    """The hedge's attributes on the call span and its metrics, once the call is written (`guarded`, inlined:
+    it runs on every call of a hedged client)."""
+    try:
+        if _guard.faults:
+            check_fault(sites.HEDGE_FINISH)
+        fired = race.fired_ns is not None
+        attributes: dict[str, AttributeValue] = {names.HEDGE_FIRED: fired}
+        if race.after_ns is not None:
+            attributes[names.HEDGE_AFTER] = race.after_ns / 1e9  # `seconds`, inlined
+        if race.skipped is not None:
+            attributes[names.HEDGE_SKIPPED] = race.skipped
+        if fired:
+            records: list[metric.Record] = []
+            labels = _labels_of(record.shape)
+            if record.recording:
+                _span_primary(race, record)
+            winner = race.winner
+            records.append((metric.HEDGE_FIRED, 1, labels[0]))
+            if winner is not None:
+                attributes[names.HEDGE_WON_BY] = winner.role
+                if winner is race.backup:
+                    records.append((metric.HEDGE_BACKUP_WON, 1, labels[0]))
+            loser = race.backup if winner is not race.backup else race.primary
+            if loser is not None and loser.attempts:  # it was sent: its prompt was read, at least
+                output, reported = loser.wasted or (loser.content_seen, loser.reported_input)
+                wasted_input = _input_tokens(race, record, reported)
+                attributes[names.HEDGE_WASTED_INPUT_TOKENS] = wasted_input
+                attributes[names.HEDGE_WASTED_OUTPUT_TOKENS] = output
+                records.append((metric.HEDGE_WASTED_TOKENS, wasted_input, labels[1]))
+                if output:
+                    records.append((metric.HEDGE_WASTED_TOKENS, output, labels[2]))
+                opened = sum(1 for attempt in loser.attempts if attempt.new_connection)
+                if opened:  # the loser's connections are the call's churn too
+                    total = opened + sum(1 for attempt in record.attempts if attempt.new_connection)
+                    attributes[names.CONNECT_NEW] = total
+                    records.append((metric.CONNECT_NEW, opened, record.shape.metric_labels))
+            recorder = _telemetry.recorder()
+            recorder.add(
+                records, recorder.sample(record.span, record.wall_ns(record.released_ns or record.queued_ns))
+            )
         if record.recording:
-            _span_primary(race, record)
-        winner = race.winner
-        records.append((metric.HEDGE_FIRED, 1, labels[0]))
-        if winner is not None:
-            attributes[names.HEDGE_WON_BY] = winner.role
-            if winner is race.backup:
-                records.append((metric.HEDGE_BACKUP_WON, 1, labels[0]))
-        loser = race.backup if winner is not race.backup else race.primary
-        if loser is not None and loser.attempts:  # it was sent: its prompt was read, at least
-            output, reported = loser.wasted or (loser.content_seen, loser.reported_input)
-            wasted_input = _input_tokens(race, record, reported)
-            attributes[names.HEDGE_WASTED_INPUT_TOKENS] = wasted_input
-            attributes[names.HEDGE_WASTED_OUTPUT_TOKENS] = output
-            records.append((metric.HEDGE_WASTED_TOKENS, wasted_input, labels[1]))
-            if output:
-                records.append((metric.HEDGE_WASTED_TOKENS, output, labels[2]))
-            opened = sum(1 for attempt in loser.attempts if attempt.new_connection)
-            if opened:  # the loser's connections are the call's churn too
-                total = opened + sum(1 for attempt in record.attempts if attempt.new_connection)
-                attributes[names.CONNECT_NEW] = total
-                records.append((metric.CONNECT_NEW, opened, record.shape.metric_labels))
-        recorder = _telemetry.recorder()
-        recorder.add(
-            records, recorder.sample(record.span, record.wall_ns(record.released_ns or record.queued_ns))
-        )
-    if record.recording:
-        record.span.set_attributes(attributes)
+            record.span.set_attributes(attributes)
+    except Exception as failure:
+        report(sites.HEDGE_FINISH, failure)
 
 
 def _span_primary(race: Race, record: CallRecord) -> None:

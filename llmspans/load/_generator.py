@@ -64,31 +64,16 @@ class Generator:
     """The instrumented client, the span processor that reads each call span back, and the two loops."""
 
     def __init__(
-        self,
-        workload: Workload,
-        *,
-        base_url: str,
-        tracer_provider: TracerProvider,
-        run_id: str,
-        api_key: str = "none",
-        provider: str | None = None,
-        limiter: llmspans.Limiter | None = None,
-        server_metrics: ServerMetrics | None = None,
-        max_retries: int = 2,
-        timeout: float = 60.0,
+        self, workload: Workload, *, base_url: str, tracer_provider: TracerProvider, run_id: str,
+        api_key: str = "none", provider: str | None = None, limiter: llmspans.Limiter | None = None,
+        server_metrics: ServerMetrics | None = None, max_retries: int = 2, timeout: float = 60.0,
         client: str = "httpx",
-    ) -> None:
+    ) -> None:  # fmt: skip
         if client not in CLIENTS:
             raise ValueError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
-        self.client = client
-        self.workload = workload
-        self.base_url = base_url
-        self.api_key = api_key
-        self.provider = provider
-        self.limiter = limiter
-        self.server_metrics = server_metrics
-        self.max_retries = max_retries
-        self.timeout = timeout
+        self.client, self.workload, self.base_url, self.api_key = client, workload, base_url, api_key
+        self.provider, self.limiter, self.server_metrics = provider, limiter, server_metrics
+        self.max_retries, self.timeout = max_retries, timeout
         self.stamper = LevelStamper(run_id)
         tracer_provider.add_span_processor(self.stamper)
         self._client: Any = None
