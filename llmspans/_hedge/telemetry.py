@@ -3,7 +3,8 @@ attributes on the call span, the copies' attempt spans and the hedge's metrics (
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from opentelemetry.util.types import AttributeValue
 
@@ -14,9 +15,20 @@ from llmspans import _sites as sites
 from llmspans._budget import seconds
 from llmspans._call import CallRecord, CallShape
 from llmspans._guard import check_fault, report, swallow
+from llmspans._hedge.copies import Copy
 
-if TYPE_CHECKING:
-    from llmspans._hedge.race import Race
+
+class Race(Protocol):
+    """What the telemetry reads of a race (`race.Race`, which calls it: hence a protocol, not an import)."""
+
+    fired_ns: int | None
+    after_ns: int | None
+    skipped: str | None
+    winner: Copy | None
+    backup: Copy | None
+    primary: Copy
+    body: Mapping[str, Any]
+
 
 _KEPT = 256
 
