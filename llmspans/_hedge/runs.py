@@ -1,14 +1,15 @@
 """The two drivers of a race (`race.Race`, which decides): its I/O in the app's thread, or in its task.
 
-An unfired hedge costs an armed timer and nothing else: the primary copy is sent at once, in the caller's own
-thread or task, while an alarm (`alarms`, sync) or a loop timer (async) waits for `after`. Only when it rings
-is the backup made and sent (in a `llmspans-hedge-backup` thread, or a task). The first copy to get there
+An unfired hedge costs an armed alarm and nothing else: the primary copy is sent at once, in the caller's own
+thread or task, while an alarm (`alarms`: one heap entry, sync or async alike) waits for `after`. Only when it
+rings is the backup made and sent (in a `llmspans-hedge-backup` thread, or a task on the call's loop). The first copy to get there
 wins, its claim interrupts the other, and the caller's thread or task then does what the race says.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 import time
@@ -202,7 +203,7 @@ def _ring_async(race: Race) -> None:
     """The alarm rang (in the alarm's thread): the backup is made and sent on the call's own loop."""
     loop = race.loop
     if loop is not None:
-        with swallow(sites.HEDGE_FIRE):  # a loop closed meanwhile: the call is over
+        with contextlib.suppress(RuntimeError):  # its loop was closed meanwhile: the call is over
             loop.call_soon_threadsafe(_fire_async, race, loop, context=race.context)
 
 
