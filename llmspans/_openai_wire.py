@@ -215,7 +215,7 @@ _TOKEN_TEXTS = ("content", "refusal", "reasoning_content", "reasoning")
 def carries_tokens(chunk: Any) -> bool:
     """Whether a streamed chunk carries generated tokens: a chat or completions chunk or a Responses event, as
     an SDK object or decoded JSON."""
-    obj = fields(chunk)
+    obj = _said(chunk)
     kind = obj.get("type")
     if isinstance(kind, str):
         return kind in RESPONSES_DELTAS and _text(obj.get("delta")) is not None
@@ -228,24 +228,40 @@ def carries_tokens(chunk: Any) -> bool:
 
 
 def choice_carries_tokens(choice: Any) -> bool:
-    """`carries_tokens` for one choice of a chunk (or of a whole response), an SDK object or decoded JSON."""
-    found = fields(choice)
-    if _text(found.get("text")) is not None:
+    """`carries_tokens` for one choice of a chunk (or of a whole response), an SDK object or decoded JSON. On a
+    stream's per-chunk path: plain look-ups, no helper per field."""
+    found = _said(choice)
+    text = found.get("text")
+    if text and isinstance(text, str):
         return True
     message = found.get("delta")
     if message is None:
         message = found.get("message")
-    if message is None:
-        return False
-    said = fields(message)
+        if message is None:
+            return False
+    said = _said(message)
     tool_calls = said.get("tool_calls")
-    if isinstance(tool_calls, list) and tool_calls:
+    if tool_calls and isinstance(tool_calls, list):
         return True
-    extra = getattr(message, "__pydantic_extra__", None)  # what an SDK's types do not declare (`reasoning`)
     for key in _TOKEN_TEXTS:
-        if _text(said.get(key)) is not None or (extra and _text(extra.get(key)) is not None):
+        value = said.get(key)
+        if value and isinstance(value, str):
             return True
+    extra = getattr(message, "__pydantic_extra__", None)  # what an SDK's types do not declare (`reasoning`)
+    if extra:
+        for key in _TOKEN_TEXTS:
+            value = extra.get(key)
+            if value and isinstance(value, str):
+                return True
     return False
+
+
+def _said(obj: Any) -> Mapping[str, Any]:
+    """`fields`, with the two usual cases first: decoded JSON, and an SDK model's own attributes."""
+    if type(obj) is dict:
+        return obj
+    found = getattr(obj, "__dict__", None)
+    return found if type(found) is dict else fields(obj)
 
 
 _UNFINISHED = '"finish_reason":null'
