@@ -619,12 +619,17 @@ CHUNKS: dict[str, tuple[dict[str, Any], bool]] = {
 def _sdk_object(chunk: dict[str, Any]) -> Any:
     """The chunk as the openai SDK hands it over: built as its stream builds each item (not validated)."""
     from openai._models import construct_type
-    from openai.types import Completion
+    from openai.types import Completion, responses
     from openai.types.chat import ChatCompletionChunk
-    from openai.types.responses import ResponseStreamEvent
 
+    kinds = {
+        "response.output_text.delta": responses.ResponseTextDeltaEvent,
+        "response.refusal.delta": responses.ResponseRefusalDeltaEvent,
+        "response.function_call_arguments.delta": responses.ResponseFunctionCallArgumentsDeltaEvent,
+        "response.reasoning_text.delta": responses.ResponseReasoningTextDeltaEvent,
+    }
     if "type" in chunk:
-        return construct_type(type_=ResponseStreamEvent, value=chunk)
+        return construct_type(type_=kinds[chunk["type"]], value=chunk)
     kind = Completion if chunk["object"] == "text_completion" else ChatCompletionChunk
     return construct_type(type_=kind, value=chunk)
 
