@@ -527,3 +527,48 @@ def openai_raw_response_types() -> tuple[type, ...]:
 )
 def _legacy_response_present() -> bool:
     return _module("openai") is None or len(openai_raw_response_types()) == 3
+
+
+# --- ray (only `llmspans load --ray`; never the instrumentation runtime) ---------------------------------------
+
+
+def ray_bootstrap_address(address: str) -> str | None:
+    """The cluster's `host:port` that `address` means (`auto`: `RAY_ADDRESS`, then the cluster `ray start` made
+    on this machine), as `ray.init` would find it, before connecting: `ray.init` waits minutes on an address
+    where no cluster is. Ray's own error when it finds none is raised as it is; None where this Ray has no
+    such function."""
+    services = _module("ray._private.services")
+    canonical = getattr(services, "canonicalize_bootstrap_address_or_die", None)
+    return None if canonical is None else str(canonical(address))
+
+
+@_reach(
+    "ray._private.services.canonicalize_bootstrap_address_or_die",
+    ("ray",),
+    checked="ray 2.60",
+    fallback="--ray takes the address as given: a host:port works, `auto` is refused in one line",
+)
+def _ray_bootstrap_present() -> bool:
+    return _module("ray") is None or _importable(
+        "ray._private.services", "canonicalize_bootstrap_address_or_die"
+    )
+
+
+def quiet_ray_worker_logs() -> bool:
+    """Turn off the driver's echo of its raylets' messages (a generator's death) on stdout, which holds a
+    load run's result (`--json`) alone; False where this Ray keeps the switch elsewhere (the echo stays)."""
+    worker = _module("ray._private.worker")
+    if worker is None or not hasattr(worker, "_worker_logs_enabled"):
+        return False
+    worker._worker_logs_enabled = False
+    return True
+
+
+@_reach(
+    "ray._private.worker._worker_logs_enabled",
+    ("ray",),
+    checked="ray 2.60",
+    fallback="Ray's messages about a lost generator are echoed on the driver's stdout, beside a --json result",
+)
+def _ray_worker_logs_present() -> bool:
+    return _module("ray") is None or _importable("ray._private.worker", "_worker_logs_enabled")

@@ -224,7 +224,9 @@ def side_doors() -> list[str]:
             for alias in node.names:  # type: ignore[attr-defined]
                 local = alias.asname or alias.name.split(".")[0]
                 bound[local] = imported if name is None else f"{imported}.{name}"
-            if name is not None and _private(name):
+            if not imported.startswith("llmspans") and any(map(_private, imported.split("."))):
+                found.append(f"{module}:{node.lineno} imports from {imported}")  # a library's private module
+            elif name is not None and _private(name):
                 ours = imported.startswith("llmspans")
                 if not ours or room_of(_llmspans_target(imported) or imported) != room:
                     found.append(f"{module}:{node.lineno} imports {name} from {imported}")
