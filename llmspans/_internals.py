@@ -549,9 +549,7 @@ def ray_bootstrap_address(address: str) -> str | None:
     fallback="--ray takes the address as given: a host:port works, `auto` is refused in one line",
 )
 def _ray_bootstrap_present() -> bool:
-    return _module("ray") is None or _importable(
-        "ray._private.services", "canonicalize_bootstrap_address_or_die"
-    )
+    return _ray_defines("services", "canonicalize_bootstrap_address_or_die")
 
 
 def quiet_ray_worker_logs() -> bool:
@@ -571,4 +569,33 @@ def quiet_ray_worker_logs() -> bool:
     fallback="Ray's messages about a lost generator are echoed on the driver's stdout, beside a --json result",
 )
 def _ray_worker_logs_present() -> bool:
-    return _module("ray") is None or _importable("ray._private.worker", "_worker_logs_enabled")
+    return _ray_defines("worker", "_worker_logs_enabled")
+
+
+def _ray_defines(module: str, name: str) -> bool:
+    """Whether the installed Ray's `ray._private.<module>` defines `name` at its top level, read from its source:
+    importing Ray here would fix its environment for the process (a test's cluster set-up comes later). True
+    where Ray is not installed."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("ray")
+    if spec is None or spec.origin is None:
+        return True
+    source = Path(spec.origin).parent / "_private" / f"{module}.py"
+    if not source.is_file():
+        return False
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        if any(isinstance(target, ast.Name) and target.id == name for target in targets):
+            return True
+    return False
