@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any, TypeVar, overload
 
 from opentelemetry import context as otel_context
@@ -404,27 +404,22 @@ class cache_lookup:
 
     def _exit(self, error: BaseException | None) -> None:
         entry = self._state.get(None)
-        if entry is None:
-            return
-        self._state.reset(entry.state_token)
-        otel_context.detach(entry.context_token)
-        entry.scope.finish(error)
+        if entry is not None:  # else entered by another task's copy of the context: not this block's
+            self._state.reset(entry.state_token)
+            otel_context.detach(entry.context_token)
+            entry.scope.finish(error)
 
     def __enter__(self) -> CacheLookup:
         return self._enter()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._exit(exc)
+    def __exit__(self, *exc_info: Any) -> None:
+        self._exit(exc_info[1])
 
     async def __aenter__(self) -> CacheLookup:
         return self._enter()
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._exit(exc)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self._exit(exc_info[1])
 
 
 class _Entry:

@@ -294,7 +294,7 @@ def _vllm_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]
         vllm = sys.modules.get("llmspans.vllm")
         if vllm is None:
             return []
-        readings = vllm._fresh_readings()
+        readings = vllm.fresh_readings()
         return [Observation(value, attributes) for sample, attributes in readings
                 if (value := getattr(sample, field)) is not None]  # fmt: skip
 

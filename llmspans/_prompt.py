@@ -65,10 +65,8 @@ class PromptTooLarge(Deliberate, ValueError):
             f"{max_prompt_tokens}{for_model}: nothing was sent; shorten the prompt, raise the cap, or instrument "
             f"with on_exceed='record' to send it anyway"
         )
-        self.estimated_tokens = estimated_tokens
-        self.max_prompt_tokens = max_prompt_tokens
-        self.estimator = estimator
-        self.model = model
+        self.estimated_tokens, self.max_prompt_tokens = estimated_tokens, max_prompt_tokens
+        self.estimator, self.model = estimator, model
 
 
 # --- what a prompt says ----------------------------------------------------------------------------------

@@ -48,3 +48,17 @@ def test_without_the_private_parts_the_fallbacks_say_none() -> None:
     assert _internals.meter_provider_resource(object()) is None
     assert _internals.reset_reader_storage(object(), object()) is False
     assert _internals.openai_http_client(object()) is None
+
+
+def test_without_rays_private_parts_the_load_tool_takes_an_address_as_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from llmspans.load import _ray
+
+    monkeypatch.setattr(_internals, "_module", lambda name: None)  # a Ray that keeps neither name
+    assert _internals.ray_bootstrap_address("auto") is None
+    assert _internals.quiet_ray_worker_logs() is False
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert _ray._bootstrap("10.0.0.5:6379") == "10.0.0.5:6379"
+    with pytest.raises(_ray.RayUnavailable, match="pass the cluster's host:port"):
+        _ray._bootstrap("auto")

@@ -603,13 +603,8 @@ def test_configure_says_when_an_app_provider_it_leaves_alone_gets_no_tail_sampli
     )
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=120, check=True
+    )  # fmt: skip
     mode, notes = json.loads(done.stdout.strip().splitlines()[-1])
     assert mode == "existing"
     assert any("llmspans.TailSamplingProcessor" in note for note in notes), notes

@@ -43,6 +43,7 @@ class Contest(Protocol):
     call: CallRecord
     winner: Copy | None
     is_async: bool
+    lock: threading.Lock
     is_content: Callable[[Any], bool]
 
     def claim(self, copy: Copy, at_ns: int) -> bool: ...
@@ -97,7 +98,7 @@ class Copy:
         # The backup's attempts have their spans as they run (its `traceparent` names them); the primary's
         # only once a backup is sent, or as the call asked (`attempt_spans="always"`).
         self.attempt_spans_always = call.attempt_spans_always or role != names.HEDGE_ROLE_PRIMARY
-        self.lock = threading.Lock()
+        self.lock = race.lock  # the race's: one lock for a race and its copies (never held while waiting)
         if role != names.HEDGE_ROLE_PRIMARY:
             self.watching = True
 
@@ -204,52 +205,35 @@ class Copy:
 
     def read_ahead(self, stream: Any) -> ReadAhead:
         """Read a sync stream up to its first content chunk (or its end) and claim the call there."""
-        buffered: list[tuple[Any, int]] = []
-        is_content = self.race.is_content
+        ahead = _Ahead(self)
         try:
-            while True:
+            while not ahead.done:
                 try:
-                    item = stream.__next__()
+                    ahead.take(stream.__next__())
                 except StopIteration:
-                    won = self.reach(time.perf_counter_ns())
-                    break
-                stamp = self._stamp()
-                buffered.append((item, stamp))
-                if self._content(is_content, item) or len(buffered) >= PREFETCH:
-                    won = self.reach(stamp)
-                    break
-            if not won:
-                raise HedgeCancelled(self.role)
+                    ahead.end()
+            return ahead.result(stream)
         except BaseException:
             with swallow(sites.HEDGE_CLOSE):
                 stream.close()
             raise
-        return ReadAhead(stream, buffered)
 
     async def read_ahead_async(self, stream: Any) -> ReadAhead:
-        buffered: list[tuple[Any, int]] = []
-        is_content = self.race.is_content
+        """`read_ahead` for an async stream: only its I/O differs."""
+        ahead = _Ahead(self)
         try:
-            while True:
+            while not ahead.done:
                 try:
-                    item = await stream.__anext__()
+                    ahead.take(await stream.__anext__())
                 except StopAsyncIteration:
-                    won = self.reach(time.perf_counter_ns())
-                    break
-                stamp = self._stamp()
-                buffered.append((item, stamp))
-                if self._content(is_content, item) or len(buffered) >= PREFETCH:
-                    won = self.reach(stamp)
-                    break
-            if not won:
-                raise HedgeCancelled(self.role)
+                    ahead.end()
+            return ahead.result(stream)
         except BaseException:
             with swallow(sites.HEDGE_CLOSE):
                 await stream.close()
             raise
-        return ReadAhead(stream, buffered)
 
-    def _stamp(self) -> int:
+    def stamp(self) -> int:
         """When the read that completed the item just read arrived (the transport stamps its attempt)."""
         attempts = self.attempts
         return (attempts[-1].bytes_at_ns if attempts else 0) or time.perf_counter_ns()
@@ -281,6 +265,40 @@ class Copy:
 
 _SENDING = "http11.send_request_headers.started"
 _RELEASING = "http11.response_closed.started"
+
+
+class _Ahead:
+    """What a copy reads ahead of its first content chunk, decided item by item without I/O: each item is kept
+    with when its bytes came, until one carries tokens (or `PREFETCH` were read, or the stream ended); the copy
+    then claims the call at that instant, and a copy that did not win is stopped."""
+
+    __slots__ = ("buffered", "copy", "done", "is_content", "won")
+
+    def __init__(self, copy: Copy) -> None:
+        self.copy = copy
+        self.is_content = copy.race.is_content
+        self.buffered: list[tuple[Any, int]] = []
+        self.done = False
+        self.won = False
+
+    def take(self, item: Any) -> None:
+        copy = self.copy
+        stamp = copy.stamp()
+        buffered = self.buffered
+        buffered.append((item, stamp))
+        if copy._content(self.is_content, item) or len(buffered) >= PREFETCH:
+            self.won = copy.reach(stamp)
+            self.done = True
+
+    def end(self) -> None:
+        """The stream ended before any content chunk: it is the copy's whole answer."""
+        self.won = self.copy.reach(time.perf_counter_ns())
+        self.done = True
+
+    def result(self, stream: Any) -> ReadAhead:
+        if not self.won:
+            raise HedgeCancelled(self.copy.role)
+        return ReadAhead(stream, self.buffered)
 
 
 class ReadAhead:

@@ -131,11 +131,30 @@ def eligible(method: str, url: str, body: Mapping[str, Any]) -> bool:
     and embeddings may, unless chat asks the server to store the completion (`store=True`); a Responses call
     only with `store=False` (the API stores responses unless told not to), without `background` and
     without a `conversation` (which the response is added to)."""
-    if method.lower() != "post" or _openai_wire.operation_for(url) is None:
+    kind = _kinds.get(url)
+    if kind is None:
+        kind = _kind_of(url)
+    if kind == _NEVER or (method != "POST" and method.lower() != "post"):
         return False
-    if _openai_wire.is_responses_path(url):
+    if kind == _RESPONSES:
         return body.get("store") is False and not body.get("background") and not body.get("conversation")
     return body.get("store") is not True
+
+
+_NEVER, _COMPLETIONS, _RESPONSES = 0, 1, 2
+_kinds: dict[str, int] = {}  # by URL path: looked at on every call of a hedged client
+
+
+def _kind_of(url: str) -> int:
+    kind = (
+        _NEVER if _openai_wire.operation_for(url) is None
+        else _RESPONSES if _openai_wire.is_responses_path(url)
+        else _COMPLETIONS
+    )  # fmt: skip
+    if len(_kinds) >= _MODELS:
+        _kinds.clear()
+    _kinds[url] = kind
+    return kind
 
 
 class _Window:
