@@ -597,10 +597,8 @@ class HeldSpan(trace.Span):
                 return folded
         bounded = BoundedAttributes(limits.max_span_attributes, start, immutable=False,
                                     max_value_len=limits.max_span_attribute_length)  # fmt: skip
-        for write in writes:
-            bounded._set_items(write)
         bounded.dropped += self.dropped
-        bounded._immutable = True
+        _internals.fill_attributes(bounded, writes)
         return bounded
 
 

@@ -362,6 +362,14 @@ def set_tracer_provider_processors(provider: Any, processors: tuple[Any, ...]) -
         multi._span_processors = processors
 
 
+def fill_attributes(bounded: Any, writes: Any) -> None:
+    """Each of `writes` (dicts already cleaned) into a `BoundedAttributes`, as the SDK's `set_attributes`
+    does (its `_set_items`: under its limits, in order, one lock a dict), then frozen, as `Span.end` leaves it."""
+    for write in writes:
+        bounded._set_items(write)
+    bounded._immutable = True
+
+
 def end_without_processors(span: Any, end_time: int | None) -> None:
     """End an SDK span made to be read back (`HeldSpan.sdk_span`) as `Span.end` does (its end time set, its
     attributes frozen) without handing it to the processors a second time."""
@@ -374,7 +382,7 @@ def end_without_processors(span: Any, end_time: int | None) -> None:
     "TracerProvider._active_span_processor; SynchronousMultiSpanProcessor._span_processors, _lock; "
     "StaticSampler._decision; ParentBased's delegates; "
     "SpanProcessor._on_ending; opentelemetry.sdk.trace._Span, Span._end_time; SpanContext's tuple; "
-    "opentelemetry.attributes._clean_attribute_value, BoundedAttributes._immutable",
+    "opentelemetry.attributes._clean_attribute_value, BoundedAttributes._immutable, _set_items",
     ("opentelemetry-sdk", "opentelemetry-api"),
     checked="1.45.2",
     fallback="every span is the SDK's own (no held spans): tail sampling holds SDK spans and a head-sampled "
@@ -402,6 +410,7 @@ def _held_span_parts_present() -> bool:
         and isinstance(span, sdk_span_class())
         and hasattr(span, "_end_time")
         and hasattr(getattr(span, "_attributes", None), "_immutable")
+        and callable(getattr(getattr(span, "_attributes", None), "_set_items", None))
         and clean_attributes({"a": [1]}, None) == {"a": (1,)}
         and processors_of(getattr(tracer, "span_processor", None)) is members
         and span_context(5, 6, span.get_span_context().trace_flags, None)
