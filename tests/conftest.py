@@ -59,6 +59,7 @@ def _group(item: pytest.Item) -> str:
     return MODULE_GROUPS.get(module, module)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
