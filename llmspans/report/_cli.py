@@ -119,6 +119,7 @@ def _span_report(source: SpanSource, options: _Options, *, select: bool = True) 
         cutoff_ns=cutoff,
         sources=source.sources,
         skipped=lambda: tuple(source.skipped),
+        metrics=lambda: source.metrics,
     )
     _warn_skipped(report.skipped)
     return report

@@ -25,6 +25,7 @@ import msgspec
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID, SERVICE_NAME
 
 from llmspans import _names as names
+from llmspans.report._metric_points import ResourceMetrics
 
 # OTLP span kinds, as the JSON encoding may spell them (numbers, or the enum's names).
 KIND_INTERNAL = 1
@@ -126,7 +127,7 @@ class _Skipped(msgspec.Struct, gc=False):
 
 class _Document(msgspec.Struct, gc=False):
     resourceSpans: list[_ResourceSpans] | None = None
-    resourceMetrics: list[_Skipped] | None = None
+    resourceMetrics: list[ResourceMetrics] | None = None  # only the metrics `_metric_points` reads
     resourceLogs: list[_Skipped] | None = None
     result: _Document | None = None  # Jaeger's query response wraps the export request
 
@@ -290,10 +291,16 @@ def _spans(document: _Document) -> list[Span] | None:
 def spans_of_json(text: bytes | str) -> list[Span] | None:
     """The spans of one OTLP-JSON document; None for a metrics or logs document.
 
-    Accepts an export request (`{"resourceSpans": [...]}`), a metrics export (ignored) and Jaeger's
-    query response (`{"result": {"resourceSpans": [...]}}`). `msgspec.DecodeError` when the text is not
-    JSON; `NotOtlp` when it is JSON of another shape.
+    Accepts an export request (`{"resourceSpans": [...]}`), a metrics export (its points are `decode`'s)
+    and Jaeger's query response (`{"result": {"resourceSpans": [...]}}`). `msgspec.DecodeError` when the
+    text is not JSON; `NotOtlp` when it is JSON of another shape.
     """
+    return decode(text)[0]
+
+
+def decode(text: bytes | str) -> tuple[list[Span] | None, list[ResourceMetrics] | None]:
+    """The spans and the metric points of one OTLP-JSON document (each None when it has none), with
+    `spans_of_json`'s errors."""
     try:
         document = _DECODER.decode(text)
     except msgspec.ValidationError as error:
@@ -308,7 +315,7 @@ def spans_of_json(text: bytes | str) -> list[Span] | None:
         and document.resourceLogs is None
     ):
         raise NotOtlp(_shape_problem(text, None))
-    return spans
+    return spans, inner.resourceMetrics
 
 
 def spans_of_document(document: Any) -> list[Span] | None:

@@ -250,9 +250,9 @@ def metric_lines(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if line.startswith('{"resourceMetrics"')]
 
 
-def replay(whole: Path, sampling: Any, out: Path, metrics_from: Path | None) -> Path:
-    """`whole` tail-sampled offline by the real `TailSamplingProcessor` with `sampling`, into `out`, with the
-    metric lines of `metrics_from` appended."""
+def replay(whole: Path | Sequence[Any], sampling: Any, out: Path, metrics_from: Path | None) -> Path:
+    """`whole` (a file, or its `readable_spans` already read) tail-sampled offline by the real
+    `TailSamplingProcessor` with `sampling`, into `out`, with the metric lines of `metrics_from` appended."""
     from opentelemetry.exporter.otlp.json.file import FileSpanExporter
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
@@ -262,7 +262,7 @@ def replay(whole: Path, sampling: Any, out: Path, metrics_from: Path | None) -> 
     with out.open("a", encoding="utf-8") as stream:
         exporter = FileSpanExporter(stream=stream)
         processor = TailSamplingProcessor(SimpleSpanProcessor(exporter), sampling=sampling)
-        for span in readable_spans(whole):
+        for span in readable_spans(whole) if isinstance(whole, Path) else whole:
             processor.on_end(span)
         processor.shutdown()
         if metrics_from is not None:

@@ -16,9 +16,10 @@ from typing import BinaryIO
 
 import msgspec
 
+from llmspans.report._metric_points import MetricPoints
 from llmspans.report._model import SkippedLine
 from llmspans.report._progress import Progress
-from llmspans.report._spans import NotOtlp, ReportInputError, Span, spans_of_json
+from llmspans.report._spans import NotOtlp, ReportInputError, Span, decode, spans_of_json
 
 _BUFFER = 1 << 20  # the embedded default's lines are exports of up to 512 spans: a few hundred KB each
 _BLOCK = 4 << 20
@@ -29,13 +30,15 @@ def _short(error: Exception) -> str:
 
 
 class FileSource:
-    """Spans of one or more files, read afresh on every call of `batches()`."""
+    """Spans of one or more files, read afresh on every call of `batches()`; the metric points on their
+    lines are gathered into `metrics` as they go by (afresh on every call too)."""
 
     def __init__(self, paths: Sequence[Path], *, progress: bool = True) -> None:
         self.paths = list(paths)
         self.sources = [str(path) for path in self.paths]
         self.progress = progress
         self.skipped: list[SkippedLine] = []
+        self.metrics = MetricPoints()
 
     def check(self) -> None:
         """The one-line error a missing or unreadable file gives, before any reading starts."""
@@ -45,12 +48,13 @@ class FileSource:
 
     def batches(self) -> Iterator[list[Span]]:
         self.skipped = []
+        self.metrics = MetricPoints()
         total = sum(_size(path) for path in self.paths)
         bar = Progress(total, "llmspans report: reading") if self.progress else None
         done = 0
         try:
             for path in self.paths:
-                for batch, read in _batches(path, self.skipped):
+                for batch, read in _batches(path, self.skipped, self.metrics):
                     if bar is not None:
                         bar.update(done + read)
                     yield batch
@@ -79,8 +83,10 @@ def _opened(path: Path) -> BinaryIO:
         raise ReportInputError(f"{source}: cannot be read ({error.strerror or _short(error)})") from None
 
 
-def _batches(path: Path, skipped: list[SkippedLine]) -> Iterator[tuple[list[Span], int]]:
-    """(spans of one line, bytes read so far) for each good line of one file."""
+def _batches(
+    path: Path, skipped: list[SkippedLine], metrics: MetricPoints
+) -> Iterator[tuple[list[Span], int]]:
+    """(spans of one line, bytes read so far) for each good line of one file; metric points to `metrics`."""
     source = str(path)
     bad: list[SkippedLine] = []
     good = blank = 0
@@ -93,7 +99,7 @@ def _batches(path: Path, skipped: list[SkippedLine]) -> Iterator[tuple[list[Span
                 blank += 1
                 continue
             try:
-                spans = spans_of_json(line)
+                spans, points = decode(line)
             except msgspec.DecodeError as error:
                 if not good and not bad:
                     whole = _whole_document(line, file, read)
@@ -106,6 +112,8 @@ def _batches(path: Path, skipped: list[SkippedLine]) -> Iterator[tuple[list[Span
                 bad.append(SkippedLine(source, number, f"not OTLP JSON ({error})"))
                 continue
             good += 1
+            if points:
+                metrics.add(points)
             if spans:
                 yield spans, read
     if not good:
