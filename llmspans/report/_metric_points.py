@@ -104,21 +104,45 @@ def _attributes(items: list[_KeyValue]) -> tuple[tuple[str, Any], ...]:
 
 @dataclass
 class _Series:
-    """One series' points so far: the latest cumulative one, or the deltas summed."""
+    """One series' points so far: the latest cumulative one, or the deltas summed; with a window's start,
+    also the latest cumulative point at or before it (what the series held when the window opened)."""
 
     service: str
     attributes: dict[str, Any]
     time_ns: int
     value: float  # a counter's
     histogram: Histogram | None
+    before_ns: int = -1
+    value_before: float = 0.0
+    histogram_before: Histogram | None = None
+
+    def amount(self) -> float:
+        """A counter's total, or a histogram's count, over the window."""
+        if self.histogram is not None:
+            return self.histogram.count - (self.histogram_before.count if self.histogram_before else 0)
+        return self.value - self.value_before
+
+    def window(self) -> Histogram | None:
+        """The histogram over the window: the latest point less the one the window opened on (bucket by
+        bucket; min and max are then unknown)."""
+        if self.histogram is None or self.histogram_before is None:
+            return self.histogram
+        before, after = self.histogram_before, self.histogram
+        if before.bounds != after.bounds:
+            return after
+        counts = tuple(max(0, a - b) for a, b in zip(after.counts, before.counts, strict=True))
+        return Histogram(after.bounds, counts, after.total - before.total, None, None)
 
 
 class MetricPoints:
-    """The run's histograms and counters, from every metric line read (see the module docstring)."""
+    """The run's histograms and counters, from every metric line read (see the module docstring). With
+    `since_ns` (`--since`), only what was counted after it: a cumulative series less the point it held then,
+    delta points after it."""
 
-    def __init__(self) -> None:
+    def __init__(self, since_ns: int | None = None) -> None:
         self._series: dict[tuple[Any, ...], _Series] = {}
         self.points = 0
+        self.since_ns = since_ns
 
     def __bool__(self) -> bool:
         return bool(self._series)
@@ -156,10 +180,24 @@ class MetricPoints:
         attributes = _attributes(point.attributes)
         key = (process, name, attributes, 0 if delta else point.startTimeUnixNano)
         self.points += 1
+        since = self.since_ns
+        if delta and since is not None and point.timeUnixNano <= since:
+            return  # counted before the window
         found = self._series.get(key)
         if found is None:
-            self._series[key] = _Series(service, dict(attributes), point.timeUnixNano, value, histogram)
-        elif delta:
+            found = self._series[key] = _Series(
+                service, dict(attributes), point.timeUnixNano, value, histogram
+            )
+            if not delta and since is not None and point.timeUnixNano <= since:
+                found.before_ns, found.value_before, found.histogram_before = (
+                    point.timeUnixNano,
+                    value,
+                    histogram,
+                )
+            return
+        if not delta and since is not None and found.before_ns < point.timeUnixNano <= since:
+            found.before_ns, found.value_before, found.histogram_before = point.timeUnixNano, value, histogram
+        if delta:
             found.value += value
             if histogram is not None and found.histogram is not None:
                 found.histogram = merged([found.histogram, histogram])
@@ -182,8 +220,9 @@ class MetricPoints:
         """Per value of `label`: the histogram of every series of `name` with that value, merged."""
         found: dict[str, list[Histogram]] = {}
         for series in self._matching(name, service, where or {}):
-            if series.histogram is not None and series.histogram.count:
-                found.setdefault(str(series.attributes.get(label, "")), []).append(series.histogram)
+            histogram = series.window()
+            if histogram is not None and histogram.count:
+                found.setdefault(str(series.attributes.get(label, "")), []).append(histogram)
         return {value: merged(histograms) for value, histograms in found.items()}
 
     def totals(self, name: str, label: str | None = None, *, service: str | None = None) -> dict[str, float]:
@@ -191,8 +230,7 @@ class MetricPoints:
         found: dict[str, float] = {}
         for series in self._matching(name, service, {}):
             key = str(series.attributes.get(label, "")) if label is not None else ""
-            amount = series.histogram.count if series.histogram is not None else series.value
-            found[key] = found.get(key, 0.0) + amount
+            found[key] = found.get(key, 0.0) + series.amount()
         return found
 
     def has(self, name: str, *, service: str | None = None) -> bool:

@@ -33,12 +33,13 @@ class FileSource:
     """Spans of one or more files, read afresh on every call of `batches()`; the metric points on their
     lines are gathered into `metrics` as they go by (afresh on every call too)."""
 
-    def __init__(self, paths: Sequence[Path], *, progress: bool = True) -> None:
+    def __init__(self, paths: Sequence[Path], *, progress: bool = True, since_ns: int | None = None) -> None:
         self.paths = list(paths)
         self.sources = [str(path) for path in self.paths]
         self.progress = progress
         self.skipped: list[SkippedLine] = []
-        self.metrics = MetricPoints()
+        self.since_ns = since_ns  # the metrics count only what came after it (--since)
+        self.metrics = MetricPoints(since_ns)
 
     def check(self) -> None:
         """The one-line error a missing or unreadable file gives, before any reading starts."""
@@ -48,7 +49,7 @@ class FileSource:
 
     def batches(self) -> Iterator[list[Span]]:
         self.skipped = []
-        self.metrics = MetricPoints()
+        self.metrics = MetricPoints(self.since_ns)
         total = sum(_size(path) for path in self.paths)
         bar = Progress(total, "llmspans report: reading") if self.progress else None
         done = 0
