@@ -645,7 +645,7 @@ class Analysis:
             p95 = {bucket: distribution.p95 for bucket, distribution in distributions.items()}
             dominant = max(names.BUCKETS, key=p95.__getitem__)
             runner_up = max((b for b in names.BUCKETS if b != dominant), key=p95.__getitem__)
-            if not apart(distributions[dominant], distributions[runner_up]):
+            if self._effective is not None and not apart(distributions[dominant], distributions[runner_up]):
                 dominant = f"cannot tell ({dominant} or {runner_up})"
             rows.append(
                 LevelRow(
