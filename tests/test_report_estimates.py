@@ -22,7 +22,7 @@ from llmspans.report._estimates import (
     rank_interval,
     weighted_distribution,
 )
-from llmspans.report._metric_points import Counted, MetricPoints
+from llmspans.report._metric_points import Counted, MetricPoints, read_metrics
 from llmspans.report._model import KIND_BUCKET, KIND_STAGE, Distribution, Part, quantile
 from llmspans.report._spans import decode
 from llmspans.report._triage import CANNOT_TELL_TRACES, Figures, triage
@@ -169,13 +169,9 @@ def _point(stage: str, values: list[float], time_ns: int, start_ns: int = 1) -> 
 
 
 def _read(*lines: bytes, since_ns: int | None = None) -> MetricPoints:
-    points = MetricPoints(since_ns)
     for line in lines:
-        spans, documents = decode(line)
-        assert spans is None
-        assert documents
-        points.add(documents)
-    return points
+        assert decode(line) == (None, True)  # the span pass sees a metrics line, and skips its points
+    return read_metrics(lines, since_ns)
 
 
 def test_cumulative_points_count_once_however_many_lines_repeat_them_and_processes_add_up() -> None:

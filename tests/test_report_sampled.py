@@ -37,7 +37,7 @@ from llmspans.report._sources.file import FileSource
 from llmspans.report._sources.jaeger import JAEGER_TRACES_PATH
 from tests.support import sampled_scenario as scenario
 from tests.support.local_http import serving
-from tests.support.prometheus import prometheus_server
+from tests.support.prometheus import SCRAPE_INTERVAL_S, prometheus_server
 from tests.support.realservers import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,8 +311,8 @@ def test_prometheus_gives_the_verdict_the_file_gives(
     tail sampling to another. Both reports name the same part, or Prometheus cannot tell where the file's
     two largest parts lie within 1.5x of each other; never another part."""
     (port,) = free_ports(1)
+    calls = 'sum(gen_ai_client_operation_duration_seconds_count{job="sampled"})'
     with prometheus_server({"sampled": port}) as server:
-        started = time.time()
         app = subprocess.Popen(
             [sys.executable, "-m", "tests.support.sampled_scenario", str(tmp_path), "--seed", str(SEED),
              "--turns", str(PROMETHEUS_TURNS), "--metrics-file", str(tmp_path / "metrics.jsonl"),
@@ -321,11 +321,15 @@ def test_prometheus_gives_the_verdict_the_file_gives(
         )  # fmt: skip
         try:
             assert app.stdout is not None
+            assert app.stdin is not None
+            assert app.stdout.readline().strip() == "ready"
+            server.wait_for(calls, scenario.WARM_UP_TURNS)  # every series scraped before the measured turns
+            started = time.time()
+            app.stdin.write("go\n")
+            app.stdin.flush()
             assert app.stdout.readline().strip() == "done"
-            server.wait_for(
-                'sum(gen_ai_client_operation_duration_seconds_count{job="sampled"})', PROMETHEUS_TURNS
-            )
-            window = time.time() - started + 1
+            server.wait_for(calls, scenario.WARM_UP_TURNS + PROMETHEUS_TURNS)
+            window = time.time() - started + SCRAPE_INTERVAL_S / 2
             code = main(["report", "--prometheus", server.url, "--service", "sampled", "--since", f"{window:.3f}s",
                          "--json"])  # fmt: skip
             from_prometheus = json.loads(capsys.readouterr().out)
@@ -335,7 +339,9 @@ def test_prometheus_gives_the_verdict_the_file_gives(
             app.wait(timeout=30)
     assert code == 0
     from_file = report_of(tmp_path / "sampled.jsonl", tmp_path / "metrics.jsonl")
-    assert from_file["llm_calls"] == PROMETHEUS_TURNS  # the metrics file counted every call
+    assert (
+        from_file["llm_calls"] == scenario.WARM_UP_TURNS + PROMETHEUS_TURNS
+    )  # the metrics counted every call
     file_verdict, prometheus_verdict = _verdict(from_file), _verdict(from_prometheus)
     if file_verdict is not None and prometheus_verdict is not None:
         assert prometheus_verdict == file_verdict

@@ -210,18 +210,19 @@ class Analysis:
             return
         weight = trace.weight
         self.read += 1
-        if self._rooted_in_turns and trace.root().stage != names.STAGE_TURN:
+        if self._rooted_in_turns and trace.marked[0].stage != names.STAGE_TURN:  # the earliest, longest span
             self._rooted_in_turns = False
         self._weight_sum += weight
         self._weight_squares += weight * weight
         copies = trace.copies() if weight != 1.0 else 1
-        totals = None
+        if not copies:
+            return
+        totals = trace.parts()  # once: every copy has the same
         for _ in range(copies):
-            totals = self._fold(trace)
-        if totals is not None:
-            self._consider_slowest(trace, totals)
+            self._fold(trace, totals)
+        self._consider_slowest(trace, totals)
 
-    def _fold(self, trace: Trace) -> dict[tuple[str, str], int]:
+    def _fold(self, trace: Trace, totals: dict[tuple[str, str], int]) -> None:
         self.traces += 1
         self.spans += len(trace.spans)
         index = trace.index
@@ -233,7 +234,6 @@ class Analysis:
         if self._hedged:
             self._hedges.add(trace, self._hedged)
             self._hedged.clear()
-        totals = trace.parts()
         parts, part_first = self._parts, self._part_first
         for position, (key, value) in enumerate(totals.items()):
             values = parts.get(key)
@@ -244,7 +244,6 @@ class Analysis:
                 part_first[key] = (index, position)
             values.append(value)
         self._server.add(trace)
-        return totals
 
     def _add_span(self, span: Span, index: int, position: int) -> None:
         stage = span.stage
@@ -364,12 +363,12 @@ class Analysis:
         *,
         sources: Sequence[str] = (),
         skipped: Sequence[SkippedLine] = (),
-        metrics: MetricPoints | None = None,
+        metrics: Callable[[], MetricPoints | None] | None = None,
     ) -> Report:
         """The report. When the traces are a sample (tail sampling's weights, or fewer than `population`),
-        every quantile read from them carries its interval; with `metrics` (the points read with them) the
-        counts and the stage and bucket distributions come from the metrics, which counted every call, and
-        the traces give what only traces carry (docs/sampling.md)."""
+        every quantile read from them carries its interval; with `metrics` (the points read with them, asked
+        for only then) the counts and the stage and bucket distributions come from the metrics, which counted
+        every call, and the traces give what only traces carry (docs/sampling.md)."""
         weighted = self._weight_squares != self._weight_sum  # some weight was not 1
         uniform = not weighted and self.population is not None and self.population > self.read > 0
         self._effective = (
@@ -379,7 +378,8 @@ class Analysis:
             if uniform
             else None
         )
-        counted = Counted.of(metrics, self.service) if weighted and metrics else None
+        points = metrics() if weighted and metrics is not None else None
+        counted = Counted.of(points, self.service) if points else None
         stages = self._stage_rows(counted)
         buckets = self._bucket_rows(counted) if self._calls or (counted is not None and counted.calls) else ()
         parts = self._part_rows()
@@ -476,9 +476,13 @@ class Analysis:
 
     def _distribution(self, values_ns: Iterable[int]) -> Distribution:
         """A distribution of values read from the traces: with intervals when they are a sample."""
+        return self._distribution_of(_seconds(values_ns))
+
+    def _distribution_of(self, ordered: Sequence[float]) -> Distribution:
+        """The same, of seconds already in order."""
         if self._effective is None:
-            return Distribution.of_nanoseconds(values_ns)
-        return weighted_distribution(_seconds(values_ns), self._effective)
+            return Distribution.of_sorted(ordered)
+        return weighted_distribution(ordered, self._effective)
 
     def _decided_on(
         self, parts: Sequence[Part], stages: Sequence[StageRow], buckets: Sequence[BucketRow]
@@ -572,7 +576,7 @@ class Analysis:
         for stage in order:
             row = self._stages.get(stage) or _Stage((0, 0, 0))
             durations = _seconds(row.durations)
-            distribution = self._distribution(row.durations)
+            distribution = self._distribution_of(durations)
             from_metrics = counted is not None and stage in counted.stages
             if from_metrics:
                 assert counted is not None
@@ -794,7 +798,7 @@ def analyse_batches(
             analysis = run(optimistic_traces(batches()))
         except LateSpan:
             analysis = run(exact_traces(batches))
-        return analysis.report(sources=sources, skipped=skipped(), metrics=metrics())
+        return analysis.report(sources=sources, skipped=skipped(), metrics=metrics)
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """The metric points in an OTLP-JSON file: what counted every call, whatever the traces kept.
 
 `configure()`'s embedded default writes its metric points to the traces file, one export per line, beside
-the spans. `MetricPoints.add` takes each such line's decoded document (`_spans.decode`) and keeps, per
+the spans. The span pass only notes which lines hold them (`_spans.decode`); they are read when the report
+needs them, a sampled input (`read_metrics`). `MetricPoints.add` takes each line's documents and keeps, per
 process (`service.instance.id`), metric, attribute set and start time, the latest cumulative point, or the
 sum of the delta points: the whole run's counts and histograms, however many lines repeat them. Only the
 metrics the report reads are kept (`WANTED`); their points' exemplars are skipped while decoding (the
@@ -85,10 +86,31 @@ class _Resource(msgspec.Struct, gc=False):
 
 
 class ResourceMetrics(msgspec.Struct, gc=False):
-    """One resource's metrics, as `_spans.decode` hands them over."""
+    """One resource's metrics."""
 
     resource: _Resource | None = None
     scopeMetrics: list[_ScopeMetrics] = []
+
+
+class _MetricsDocument(msgspec.Struct, gc=False):
+    resourceMetrics: list[ResourceMetrics] | None = None
+
+
+_DECODER = msgspec.json.Decoder(_MetricsDocument, strict=False)
+
+
+def read_metrics(lines: Iterable[bytes], since_ns: int | None = None) -> MetricPoints:
+    """The metric points of OTLP-JSON lines (those `_spans.decode` said hold some); a line that is not a
+    metrics document of the shape OTLP gives is skipped."""
+    points = MetricPoints(since_ns)
+    for line in lines:
+        try:
+            document = _DECODER.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if document.resourceMetrics:
+            points.add(document.resourceMetrics)
+    return points
 
 
 def _value(value: _AnyValue) -> str | bool | int | float | None:

@@ -25,7 +25,6 @@ import msgspec
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID, SERVICE_NAME
 
 from llmspans import _names as names
-from llmspans.report._metric_points import ResourceMetrics
 
 # OTLP span kinds, as the JSON encoding may spell them (numbers, or the enum's names).
 KIND_INTERNAL = 1
@@ -127,7 +126,7 @@ class _Skipped(msgspec.Struct, gc=False):
 
 class _Document(msgspec.Struct, gc=False):
     resourceSpans: list[_ResourceSpans] | None = None
-    resourceMetrics: list[ResourceMetrics] | None = None  # only the metrics `_metric_points` reads
+    resourceMetrics: list[_Skipped] | None = None  # read only when asked for (`_metric_points.read_metrics`)
     resourceLogs: list[_Skipped] | None = None
     result: _Document | None = None  # Jaeger's query response wraps the export request
 
@@ -298,8 +297,9 @@ def spans_of_json(text: bytes | str) -> list[Span] | None:
     return decode(text)[0]
 
 
-def decode(text: bytes | str) -> tuple[list[Span] | None, list[ResourceMetrics] | None]:
-    """The spans and the metric points of one OTLP-JSON document (each None when it has none), with
+def decode(text: bytes | str) -> tuple[list[Span] | None, bool]:
+    """The spans of one OTLP-JSON document (None when it has none), and whether it holds metric points
+    (skipped here: `_metric_points.read_metrics` reads them when the report needs them), with
     `spans_of_json`'s errors."""
     try:
         document = _DECODER.decode(text)
@@ -315,7 +315,7 @@ def decode(text: bytes | str) -> tuple[list[Span] | None, list[ResourceMetrics] 
         and document.resourceLogs is None
     ):
         raise NotOtlp(_shape_problem(text, None))
-    return spans, inner.resourceMetrics
+    return spans, bool(inner.resourceMetrics)
 
 
 def spans_of_document(document: Any) -> list[Span] | None:

@@ -12,8 +12,9 @@ decision reads the trace id's low 56 bits); only the measured durations vary wit
 
 writes OUT/sampled.jsonl (what configure() exported: the kept spans and the metric points) and
 OUT/whole.jsonl (every span). With `--prometheus-port` the app brings its own MeterProvider: its metrics
-are served on 127.0.0.1:P for a Prometheus to scrape and written to M, and the process waits for a line
-on stdin before it exits (so the last scrape sees every call).
+are served on 127.0.0.1:P for a Prometheus to scrape and written to M; the process runs WARM_UP_TURNS turns
+first, prints `ready` and waits for a line on stdin before the measured turns, then prints `done` and waits
+for stdin's end before it exits (so the last scrape sees every call).
 
 `replay(whole, sampling, out, metrics_from)` applies another tail sampling to the same run offline: the
 whole file's spans, rebuilt as the SDK's `ReadableSpan`s and handed in the order they ended to the real
@@ -33,7 +34,7 @@ import random
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ TURNS = 2000
 SLOW_RETRIEVAL_SHARE, SLOW_RETRIEVAL_S, RETRIEVAL_S = 0.07, 0.030, 0.001
 SLOW_ANSWER_SHARE, SLOW_ANSWER_S, ANSWER_S = 0.02, 0.250, 0.004
 CONCURRENCY = 8
+WARM_UP_TURNS = 10  # with --prometheus-port, before the measured turns
 SERVICE = "sampled-scenario"
 
 _PLANNED_TRACE_ID: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -117,7 +119,7 @@ async def _run(turns: Sequence[Plan], concurrency: int) -> None:
             client = llmspans.instrument(plain)
 
             async def turn(plan: Plan) -> None:
-                _PLANNED_TRACE_ID.set(plan.trace_id)
+                _PLANNED_TRACE_ID.set(plan.trace_id or None)
                 async with llmspans.turn("chat"):
                     await retrieve(plan.retrieval_s)
                     response = await client.post(
@@ -178,6 +180,14 @@ def record(
     assert isinstance(provider, TracerProvider)
     whole_exporter, _ = _exporters.file_exporters(out / "whole.jsonl")
     provider.add_span_processor(BatchSpanProcessor(whole_exporter, max_queue_size=1_000_000))
+    if prometheus_port is not None:
+        # A few turns first, so every series exists before the measured ones: Prometheus' increase() cannot
+        # count what a series held when it was first scraped. Then wait for the cue.
+        asyncio.run(
+            _run([replace(plan, trace_id=0) for plan in plans(seed + 1000, WARM_UP_TURNS)], concurrency)
+        )
+        print("ready", flush=True)
+        sys.stdin.readline()
     asyncio.run(_run(plans(seed, turns), concurrency))
     provider.force_flush()
     meter_provider = metrics.get_meter_provider()
