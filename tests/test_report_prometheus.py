@@ -115,10 +115,15 @@ def test_prometheus_names_the_dominant_part_the_spans_name(
 
     assert from_spans["llm_calls"] == TURNS
     dominant = (from_spans["triage"]["dominant_kind"], from_spans["triage"]["dominant"])
-    assert (from_metrics["triage"]["dominant_kind"], from_metrics["triage"]["dominant"]) == dominant, (
-        from_metrics["triage"]["message"],
-        from_spans["triage"]["message"],
-    )
+    if from_metrics["triage"]["told"]:
+        assert (from_metrics["triage"]["dominant_kind"], from_metrics["triage"]["dominant"]) == dominant, (
+            from_metrics["triage"]["message"],
+            from_spans["triage"]["message"],
+        )
+    else:  # the histograms' buckets could not tell the two largest apart: the spans' two largest are close
+        first, second = sorted((part["per_trace"]["p95"] for part in from_spans["parts"]), reverse=True)[:2]
+        assert first <= 1.5 * second, (from_metrics["triage"]["message"], from_spans["triage"]["message"])
+        assert dominant in {(e["kind"], e["name"]) for e in from_metrics["triage"]["compared"]}
     # increase() extrapolates to the window's edges: the counts are the run's, give or take a scrape.
     assert TURNS * 0.9 <= from_metrics["llm_calls"] <= TURNS * 1.3
     assert all(TURNS * 0.9 <= row["values"]["count"] <= TURNS * 1.3 for row in from_metrics["buckets"])
@@ -157,7 +162,10 @@ def test_prometheus_names_the_dominant_part_the_spans_name(
             assert stream["verdict"] != NO_INTERVAL
             assert stream["low_s"] <= stream["change_s"] <= stream["high_s"]
             assert stream["after_s"] > 0
-            assert compared["dominant_after"] == "stream (llm bucket)"
+            told = from_metrics["triage"]["told"]
+            assert compared["dominant_after"] == "stream (llm bucket)" or (
+                not told and compared["dominant_after"].startswith("cannot tell (")
+            )
     if scenario == "stalled-scheduler":
         # The gauge's in-flight counts the idle holders too: Prometheus sees a full limiter, so it cannot
         # tell a stall from a cap too low; the span report, counting only LLM calls in flight, can.

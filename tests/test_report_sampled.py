@@ -330,8 +330,9 @@ def test_prometheus_gives_the_verdict_the_file_gives(
             assert app.stdout.readline().strip() == "done"
             server.wait_for(calls, scenario.WARM_UP_TURNS + PROMETHEUS_TURNS)
             window = time.time() - started + SCRAPE_INTERVAL_S / 2
+            # --tempo with --prometheus: Tempo is only where exemplars link to; the figures are Prometheus'
             code = main(["report", "--prometheus", server.url, "--service", "sampled", "--since", f"{window:.3f}s",
-                         "--json"])  # fmt: skip
+                         "--tempo", "http://127.0.0.1:9", "--json"])  # fmt: skip
             from_prometheus = json.loads(capsys.readouterr().out)
         finally:
             assert app.stdin is not None
@@ -350,3 +351,6 @@ def test_prometheus_gives_the_verdict_the_file_gives(
         assert prometheus_verdict == file_verdict, from_prometheus["triage"]["message"]
     if prometheus_verdict is None:
         assert "cannot tell" in from_prometheus["triage"]["message"]
+    assert all(
+        e["link"].startswith("http://127.0.0.1:9/api/v2/traces/") for e in from_prometheus["exemplars"]
+    )

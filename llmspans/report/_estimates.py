@@ -78,10 +78,12 @@ def histogram_distribution(histogram: Histogram) -> Distribution:
     intervals: list[Interval] = []
     bounds: list[Bound] = []
     for q, name in _QUANTILES:
-        low, high, value = _bucket_of_rank(histogram, rank(count, q)) if count else (0.0, 0.0, 0.0)
+        low, high, value, open_low = (
+            _bucket_of_rank(histogram, rank(count, q)) if count else (0.0, 0.0, 0.0, False)
+        )
         figures[name] = value
         if count:
-            intervals.append(Interval(name, low, high))
+            intervals.append(Interval(name, low, high, open_low))
             if high - low > value:
                 bounds.append(Bound(name, low, high))
                 figures[name] = high
@@ -91,27 +93,29 @@ def histogram_distribution(histogram: Histogram) -> Distribution:
     )  # fmt: skip
 
 
-def _bucket_of_rank(histogram: Histogram, wanted: int) -> tuple[float, float, float]:
-    """The interval of the value at rank `wanted` (1-based), and a figure inside it: the bucket that holds
-    the rank, narrowed by min and max, with the rank placed at its position among the bucket's values."""
+def _bucket_of_rank(histogram: Histogram, wanted: int) -> tuple[float, float, float, bool]:
+    """The interval of the value at rank `wanted` (1-based), a figure inside it, and whether the interval's
+    low end is a boundary not in it: the bucket that holds the rank, narrowed by min and max, with the rank
+    placed at its position among the bucket's values."""
     below = 0
     bounds, counts = histogram.bounds, histogram.counts
     for index, count in enumerate(counts):
         if below + count >= wanted:
             lower = bounds[index - 1] if index > 0 else 0.0
+            open_low = index > 0
             upper = bounds[index] if index < len(bounds) else math.inf
-            if histogram.minimum is not None:
-                lower = max(lower, histogram.minimum)
+            if histogram.minimum is not None and histogram.minimum > lower:
+                lower, open_low = histogram.minimum, False
             if histogram.maximum is not None:
                 upper = min(upper, histogram.maximum)
             if not math.isfinite(upper):
                 upper = lower  # above the last boundary with no max known: the boundary is all there is
             upper = max(upper, lower)
             position = (wanted - below - 0.5) / count
-            return lower, upper, lower + (upper - lower) * position
+            return lower, upper, lower + (upper - lower) * position, open_low and upper > lower
         below += count
     top = histogram.maximum if histogram.maximum is not None else (bounds[-1] if bounds else 0.0)
-    return top, top, top
+    return top, top, top, False
 
 
 def effective_size(weight_sum: float, weight_squares: float) -> float:
@@ -140,18 +144,13 @@ def rank_interval(ordered: Sequence[float], q: float, effective: float) -> tuple
     return low, high
 
 
-def uniform_distribution(ordered: Sequence[float], population: int) -> Distribution:
-    """The quantiles of `ordered`, a uniform sample of `population` values (a head sampler's, or the spans
-    that reached the load tool), with the interval of each from the sample's size; exact when it is all."""
-    if len(ordered) >= population or not ordered:
-        return Distribution.of_sorted(ordered)
-    return weighted_distribution(ordered, float(len(ordered)))
-
-
 def apart(leader: Distribution, other: Distribution, name: str = "p95") -> bool:
     """Whether `leader`'s quantile stands above `other`'s beyond both their intervals (a figure of every
-    value is its own interval)."""
-    return _low(leader, name) > _high(other, name)
+    value is its own interval). Two histogram buckets that share a boundary are apart: the upper one does
+    not hold its lower boundary."""
+    low, high = _low(leader, name), _high(other, name)
+    interval = leader.interval(name)
+    return low > high or (low == high and interval is not None and interval.open_low)
 
 
 def _low(distribution: Distribution, name: str) -> float:

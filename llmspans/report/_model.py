@@ -69,6 +69,9 @@ class Interval:
     quantile: str  # "p50", "p95" or "p99"
     low: float
     high: float
+    # A histogram bucket's lower boundary is not in it (a value on a boundary counts in the bucket below):
+    # the quantile is then above `low`, not at it.
+    open_low: bool = False
 
 
 @dataclass(frozen=True)

@@ -227,7 +227,7 @@ def _bounded(count: int, values: Mapping[float, float], edges: list[float]) -> D
             continue  # above the highest finite edge: Prometheus gives that edge; nothing better is known
         upper = edges[upper_index]
         lower = edges[upper_index - 1] if upper_index > 0 else 0.0
-        intervals.append(Interval(name, lower, upper))  # the bucket that holds the rank
+        intervals.append(Interval(name, lower, upper, upper_index > 0))  # the bucket that holds the rank
         if upper > 0 and upper - lower > value:
             bounds.append(Bound(name, lower, upper))
             figures[name] = upper
