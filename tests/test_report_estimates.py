@@ -210,3 +210,72 @@ def test_delta_points_are_summed_and_a_window_counts_only_what_came_after_its_st
         since_ns=15,
     )
     assert late_deltas.totals(names.METRIC_STAGE_DURATION) == {"": 6.0}
+
+
+def _bucket_line(first_token: list[float]) -> bytes:
+    """A metrics line with `llmspans.bucket.duration` for each bucket (first_token's values, the others 0)."""
+    points = []
+    for bucket in names.BUCKETS:
+        values = first_token if bucket == "first_token" else [0.0] * len(first_token)
+        point = _point("x", values, 10)
+        point["attributes"] = [{"key": names.METRIC_ATTR_BUCKET, "value": {"stringValue": bucket}}]
+        points.append(point)
+    resource = {"attributes": [{"key": "service.instance.id", "value": {"stringValue": "a"}}]}
+    metrics = [
+        {
+            "name": names.METRIC_BUCKET_DURATION,
+            "histogram": {"dataPoints": points, "aggregationTemporality": 2},
+        }
+    ]
+    return json.dumps(
+        {"resourceMetrics": [{"resource": resource, "scopeMetrics": [{"metrics": metrics}]}]}
+    ).encode()
+
+
+def test_a_trace_of_several_calls_is_judged_per_trace_on_the_kept_traces_not_per_call_on_the_metrics() -> (
+    None
+):
+    """Each turn: a 4 ms retrieval and two calls of 3 ms first_token. Per call (the metrics) retrieval is the
+    larger; per request (the report's parts) first_token is, 6 ms against 4. Sampled, the metrics cannot say
+    what a request spent, so the verdict is the kept traces': first_token, never retrieval."""
+    from llmspans.report._analysis import Analysis
+    from llmspans.report._spans import Span
+    from llmspans.report._traces import Trace
+
+    analysis = Analysis()
+    ms = 1_000_000
+
+    def span(
+        trace_id: str,
+        name: str,
+        stage: str,
+        start: int,
+        end: int,
+        parent: str | None,
+        number: int,
+        **extra: Any,
+    ) -> Span:
+        attributes = {names.STAGE: stage, names.SAMPLE_WEIGHT: 5.0, **extra}
+        buckets = tuple(round(extra.get(f"llmspans.bucket.{b}", 0.0) * 1e9) for b in names.BUCKETS)
+        return Span(trace_id, f"{number:016x}", parent, name, 1, start, end, attributes, (), False, "s", "s", stage,
+                    end - start, buckets if stage == names.STAGE_LLM else ())  # fmt: skip
+
+    for index in range(20):
+        trace_id = f"{index + 1:032x}"
+        turn = span(trace_id, "turn chat", names.STAGE_TURN, 0, 11 * ms, None, 1)
+        first_token = {"llmspans.bucket.first_token": 0.003}
+        spans = [
+            turn,
+            span(trace_id, "retrieval", "retrieval", 0, 4 * ms, turn.span_id, 2),
+            span(trace_id, "chat m", names.STAGE_LLM, 4 * ms, 7 * ms, turn.span_id, 3, **first_token),
+            span(trace_id, "chat m", names.STAGE_LLM, 7 * ms, 10 * ms, turn.span_id, 4, **first_token),
+        ]
+        analysis.add(Trace(index, trace_id, spans))
+    stage_line = _line("a", [_point("retrieval", [0.004] * 100, 10), _point("turn", [0.011] * 100, 10)])
+    points = read_metrics([stage_line, _bucket_line([0.003] * 200)])
+    report = analysis.report(metrics=lambda: points)
+    assert report.stages[0].durations.count == 100  # the counts are the metrics'
+    triage = report.triage
+    assert triage is not None
+    assert (triage.dominant, triage.told) == ("first_token", True)
+    assert any("decided on the kept traces' estimates" in note for note in report.notes)

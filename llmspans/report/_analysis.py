@@ -16,7 +16,7 @@ import heapq
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmspans import _names as names
 from llmspans.report._estimates import apart, effective_size, weighted_distribution
@@ -164,6 +164,9 @@ class Analysis:
         self.population = population
         self._effective: float | None = None  # the effective sample size while the report is built
         self._rooted_in_turns = True  # every trace read has a turn at its root
+        self._one_span_per_part = (
+            True  # every trace read: each part from one span (`Trace.one_span_per_part`)
+        )
         self.traces = 0  # weighted: the traces the input stands for
         self.spans = 0
         self.read = 0  # the traces read
@@ -218,6 +221,7 @@ class Analysis:
         if not copies:
             return
         totals = trace.parts()  # once: every copy has the same
+        self._one_span_per_part = self._one_span_per_part and trace.one_span_per_part
         for _ in range(copies):
             self._fold(trace, totals)
         self._consider_slowest(trace, totals)
@@ -432,7 +436,16 @@ class Analysis:
                 *notes,
             )
         levels = self._level_rows()
-        decide_on = self._decided_on(parts, stages, buckets) if counted is not None else parts
+        decide_on = parts
+        if counted is not None and self._one_span_per_part:
+            decide_on = self._decided_on(counted, parts, traces)
+        elif counted is not None:
+            notes = (
+                *notes,
+                "the dominant part is per trace and a trace here holds several calls or nested stages, which the "
+                "metrics count per span: it is decided on the kept traces' estimates",
+            )
+            figures = replace(figures, cannot_tell=CANNOT_TELL_TRACES)
         samples: dict[tuple[str, str], tuple[float, ...]] = {}
         if counted is None:
             samples = {(KIND_STAGE, row.stage): _seconds(self._stages[row.stage].durations) for row in stages}
@@ -484,16 +497,24 @@ class Analysis:
             return Distribution.of_sorted(ordered)
         return weighted_distribution(ordered, self._effective)
 
-    def _decided_on(
-        self, parts: Sequence[Part], stages: Sequence[StageRow], buckets: Sequence[BucketRow]
-    ) -> tuple[Part, ...]:
-        """The parts the verdict compares when the metrics counted every call: each app stage per span and
-        each bucket per call from the histograms, and what only traces give (time outside any stage in a
-        turn) from the traces, each with its interval."""
+    def _decided_on(self, counted: Counted, parts: Sequence[Part], traces: int) -> tuple[Part, ...]:
+        """The parts the verdict compares when the metrics counted every call and each part of a trace is one
+        span's (`Trace.one_span_per_part`, in every trace read): each app stage and each bucket from the
+        histograms, with a 0 for every trace that had none of it (as the per-trace parts count it), and what
+        only traces give (time outside any stage in a turn) from the traces; each with its interval."""
         found = [
-            Part(KIND_STAGE, row.stage, row.durations) for row in stages if row.stage not in _APP_EXCLUDED
+            Part(KIND_STAGE, stage, counted.part(KIND_STAGE, stage, traces))
+            for stage in counted.stages
+            if stage not in _APP_EXCLUDED
         ]
-        found += [Part(KIND_BUCKET, row.bucket, row.values) for row in buckets]
+        if counted.buckets:
+            found += [
+                Part(KIND_BUCKET, bucket, counted.part(KIND_BUCKET, bucket, traces))
+                for bucket in names.BUCKETS
+                if (KIND_BUCKET, bucket) in counted.histograms
+            ]
+        order = {(part.kind, part.name): index for index, part in enumerate(parts)}
+        found.sort(key=lambda part: order.get((part.kind, part.name), len(order)))  # as the parts table
         found += [part for part in parts if part.kind == KIND_OTHER]
         return tuple(found)
 

@@ -21,7 +21,7 @@ from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE
 
 from llmspans import _names as names
 from llmspans.report._estimates import Histogram, histogram_distribution, merged
-from llmspans.report._model import Distribution
+from llmspans.report._model import KIND_BUCKET, KIND_STAGE, Distribution
 
 WANTED = frozenset({
     names.METRIC_STAGE_DURATION, names.METRIC_BUCKET_DURATION, names.METRIC_OPERATION_DURATION,
@@ -272,6 +272,17 @@ class Counted:
     causes: dict[str, int]
     new_connections: int
     exceeded: dict[str, int]
+    histograms: dict[tuple[str, str], Histogram]  # by (kind, name), as the parts name them
+
+    def part(self, kind: str, name: str, traces: int) -> Distribution:
+        """A stage's or bucket's histogram as a per-trace part of `traces` traces, each with at most one of
+        its spans: a 0 for every trace without one."""
+        histogram = self.histograms[(kind, name)]
+        missing = max(0, traces - histogram.count)
+        if missing:
+            counts = (histogram.counts[0] + missing, *histogram.counts[1:])
+            histogram = Histogram(histogram.bounds, counts, histogram.total, 0.0, histogram.maximum)
+        return histogram_distribution(histogram)
 
     @classmethod
     def of(cls, points: MetricPoints, service: str | None = None) -> Counted | None:
@@ -285,6 +296,10 @@ class Counted:
         return cls(
             stages={stage: histogram_distribution(histogram) for stage, histogram in stages.items()},
             buckets={bucket: histogram_distribution(histogram) for bucket, histogram in buckets.items()},
+            histograms={
+                **{(KIND_STAGE, stage): histogram for stage, histogram in stages.items()},
+                **{(KIND_BUCKET, bucket): histogram for bucket, histogram in buckets.items()},
+            },
             calls=round(sum(calls.values())),
             errors=_most_first({error: round(n) for error, n in calls.items() if error and round(n)}),
             causes=_most_first({cause: round(n) for cause, n in causes.items() if round(n)}),
