@@ -15,6 +15,7 @@ a seed keeps the same traces each time; the timings are the machine's. Then, on 
     python benchmarks/sampled_report.py                       # seeds 1-5 at 1 %, slower_than 200ms
     python benchmarks/sampled_report.py --before 4012c95      # and main's report beside it
     python benchmarks/sampled_report.py --seeds 1 2 --ratio 0.05 --slower-than p95 --json out.json
+    python benchmarks/sampled_report.py --scale 5 --concurrency 16 --slower-than 1s   # a busy machine
 
 Each report is `llmspans report FILE --json` in a child process. The verdict is the triage's dominant part,
 or `cannot tell`; turns are the report's traces (each trace here is one turn); retrieval's p95 is its stage
@@ -92,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=2000)
     parser.add_argument("--ratio", type=float, default=0.01)
     parser.add_argument("--slower-than", default="200ms")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply every delay of the scenario (on a busy machine, 5 keeps its stalls small)",
+    )
+    parser.add_argument("--concurrency", type=int, default=8, help="turns at once (8)")
     parser.add_argument("--before", metavar="REV", help="also report with this git revision's llmspans")
     parser.add_argument("--json", metavar="OUT", help="also write every figure to this file")
     parser.add_argument("--keep", metavar="DIR", help="keep the recordings in this folder")
@@ -105,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             subprocess.run(
                 [sys.executable, "-m", "tests.support.sampled_scenario", str(folder), "--seed", str(seed),
-                 "--turns", str(args.turns), "--ratio", str(args.ratio), "--slower-than", args.slower_than],
+                 "--turns", str(args.turns), "--ratio", str(args.ratio), "--slower-than", args.slower_than,
+                 "--scale", str(args.scale), "--concurrency", str(args.concurrency)],
                 cwd=ROOT, check=True, capture_output=True, timeout=900,
             )  # fmt: skip
             recorded_s = time.perf_counter() - started
@@ -134,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"seed {seed} recorded in {recorded_s:.0f} s", file=sys.stderr)
     names = ["whole", "sampled", "traces only"] + (["before"] if args.before else [])
-    print(f"{args.turns} turns, tail sampling ratio {args.ratio:g}, slower_than {args.slower_than}; retrieval p95 "
+    scaled = f", every delay x{args.scale:g}" if args.scale != 1 else ""
+    print(f"{args.turns} turns{scaled}, tail sampling ratio {args.ratio:g}, slower_than {args.slower_than}; retrieval p95 "
           "(its 95 % interval or histogram bucket, ms); first_token p95 of the whole run for reference\n")  # fmt: skip
     header = "| seed | " + " | ".join(f"{name}: verdict | turns | retrieval p95" for name in names)
     print(header + " | whole first_token p95 |")

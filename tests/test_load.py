@@ -29,7 +29,7 @@ from llmspans import _names as names
 from llmspans import _telemetry
 from llmspans.load._cli import build_result
 from llmspans.load._html import render as render_html
-from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, Level, Result
+from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, Level, LevelStats, Result
 from llmspans.load._requests import RequestRecord
 from llmspans.load._runner import Runner, RunOutcome
 from llmspans.load._text import render as render_text
@@ -608,3 +608,48 @@ async def test_a_head_sampled_load_run_gives_each_level_as_an_estimate(tmp_path:
         assert stats.dominant == (
             f"{leader.label}" if triage.told else f"cannot tell ({leader.label} or {runner_up.label})"
         )
+
+
+def _level_of(value: int, first_tokens: Sequence[float], made: int) -> LevelStats:
+    """A level's figures from one call per value (first_token as given, stream 1 ms), `made` calls made."""
+    from llmspans.load._model import Level
+    from llmspans.load._stats import level_stats
+
+    level = Level(SHAPE_CONCURRENCY, value)
+    spans, records = [], []
+    for index, first_token in enumerate(first_tokens):
+        attributes = {
+            names.STAGE: names.STAGE_LLM, names.LOAD_LEVEL: level.label, names.LOAD_RUN_ID: "run",
+            "llmspans.bucket.first_token": first_token, "llmspans.bucket.stream": 0.001,
+        }  # fmt: skip
+        buckets = tuple(
+            round(float(attributes.get(f"llmspans.bucket.{b}", 0.0)) * 1e9) for b in names.BUCKETS
+        )  # type: ignore[arg-type]
+        trace_id = f"{value:08x}{index + 1:024x}"
+        spans.append(Span(trace_id, f"{index + 1:016x}", None, "chat m", 3, 0, 10**8, attributes, (), False,
+                          "s", "s", names.STAGE_LLM, 10**8, buckets))  # fmt: skip
+        record = RequestRecord(index, level.label, issued_ns=1, done_ns=2)
+        record.recorded, record.duration_ns = True, 10**8
+        record.buckets_ns = dict(zip(names.BUCKETS, buckets, strict=True))
+        records.append(record)
+    report = analyse(spans, top=0, population=made)
+    return level_stats(level, records, duration_s=1.0, slo={}, report=report)
+
+
+def test_the_knees_verdict_cannot_tell_what_grew_when_the_levels_spans_are_samples() -> None:
+    """first_token's p95 went from 4.3 to 4.6 ms between two levels because one call of ten spans was slower,
+    each level known from ten spans of forty calls: within what ten spans can tell, so the verdict says so;
+    from every call's spans it names first_token."""
+    from llmspans.load._model import Knee
+    from llmspans.load._verdict import verdict
+
+    before = [0.0035, 0.0036, 0.0037, 0.0038, 0.0039, 0.0040, 0.0040, 0.0041, 0.0042, 0.0043]
+    at = [*before[:-1], 0.0046]
+    for made, told in ((40, False), (10, True)):
+        levels = [_level_of(1, before, made), _level_of(2, at, made)]
+        found = verdict(levels, Knee(levels[0].level, levels[1].level, ("ttft",)))
+        assert found is not None
+        assert found.grew == "first_token"
+        assert (found.finding == "cannot_tell") == (not told), found.message
+        if not told:
+            assert "within what the spans of these levels can tell apart" in found.message

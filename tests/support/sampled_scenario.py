@@ -8,7 +8,7 @@ turn's trace id come from the seed, so a seed keeps the same traces every run (t
 decision reads the trace id's low 56 bits); only the measured durations vary with the machine.
 
     python -m tests.support.sampled_scenario OUT --seed 1 [--turns 2000] [--ratio 0.01] [--slower-than 200ms]
-        [--concurrency 8] [--metrics-file M --prometheus-port P]
+        [--concurrency 8] [--scale 1] [--metrics-file M --prometheus-port P]
 
 writes OUT/sampled.jsonl (what configure() exported: the kept spans and the metric points) and
 OUT/whole.jsonl (every span). With `--prometheus-port` the app brings its own MeterProvider: its metrics
@@ -58,14 +58,15 @@ class Plan:
     answer_s: float
 
 
-def plans(seed: int, turns: int = TURNS) -> list[Plan]:
-    """Which turns are slow, and each turn's trace id: the seed decides."""
+def plans(seed: int, turns: int = TURNS, scale: float = 1.0) -> list[Plan]:
+    """Which turns are slow, and each turn's trace id: the seed decides. `scale` multiplies every delay (on
+    a busy machine, 5 keeps the machine's own stalls of tens of milliseconds small against them)."""
     rng = random.Random(seed)
     out = []
     for index in range(turns):
         retrieval = SLOW_RETRIEVAL_S if rng.random() < SLOW_RETRIEVAL_SHARE else RETRIEVAL_S
         answer = SLOW_ANSWER_S if rng.random() < SLOW_ANSWER_SHARE else ANSWER_S
-        out.append(Plan(index, rng.getrandbits(128) or 1, retrieval, answer))
+        out.append(Plan(index, rng.getrandbits(128) or 1, retrieval * scale, answer * scale))
     return out
 
 
@@ -141,6 +142,7 @@ async def _run(turns: Sequence[Plan], concurrency: int) -> None:
 def record(
     out: Path, *, seed: int, turns: int = TURNS, ratio: float = 0.01, slower_than: str | float | None = "200ms",
     concurrency: int = CONCURRENCY, metrics_file: Path | None = None, prometheus_port: int | None = None,
+    scale: float = 1.0,
 ) -> None:  # fmt: skip
     """Run the scenario in this process (once per process: it sets the global providers)."""
     from opentelemetry import metrics, trace
@@ -188,7 +190,7 @@ def record(
         )
         print("ready", flush=True)
         sys.stdin.readline()
-    asyncio.run(_run(plans(seed, turns), concurrency))
+    asyncio.run(_run(plans(seed, turns, scale), concurrency))
     provider.force_flush()
     meter_provider = metrics.get_meter_provider()
     meter_provider.force_flush()  # type: ignore[attr-defined]
@@ -290,11 +292,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--metrics-file", type=Path)
     parser.add_argument("--prometheus-port", type=int)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every delay (1)")
     args = parser.parse_args(argv)
     slower: str | None = None if args.slower_than == "none" else args.slower_than
     record(
         args.out, seed=args.seed, turns=args.turns, ratio=args.ratio, slower_than=slower,
         concurrency=args.concurrency, metrics_file=args.metrics_file, prometheus_port=args.prometheus_port,
+        scale=args.scale,
     )  # fmt: skip
     print("done", flush=True)
     if args.prometheus_port is not None:
