@@ -164,9 +164,8 @@ class Analysis:
         self.population = population
         self._effective: float | None = None  # the effective sample size while the report is built
         self._rooted_in_turns = True  # every trace read has a turn at its root
-        self._one_span_per_part = (
-            True  # every trace read: each part from one span (`Trace.one_span_per_part`)
-        )
+        # Every trace read: each part from one span (`Trace.one_span_per_part`).
+        self._one_span_per_part = True
         self.traces = 0  # weighted: the traces the input stands for
         self.spans = 0
         self.read = 0  # the traces read
@@ -409,9 +408,8 @@ class Analysis:
         )
         traces = self.traces
         if counted is not None and self._rooted_in_turns and names.STAGE_TURN in counted.stages:
-            traces = counted.stages[
-                names.STAGE_TURN
-            ].count  # every trace a turn: the metrics counted them all
+            # Every trace read is a turn: the metrics counted every turn.
+            traces = counted.stages[names.STAGE_TURN].count
         if counted is not None:
             notes = (
                 f"sampled ({names.SAMPLE_WEIGHT}, tail sampling): counts and the stage and bucket distributions "
@@ -541,9 +539,8 @@ class Analysis:
 
     def _connections(self, counted: Counted | None) -> Connections:
         calls, successful, opened = self._calls, self._successful, self._new_connections
-        if (
-            counted is not None and counted.calls
-        ):  # what the metrics do not say is left unsaid, as from Prometheus
+        if counted is not None and counted.calls:
+            # What the metrics do not say (reuse, the kinds of call) is left unsaid, as from Prometheus.
             calls = counted.calls
             successful = calls - sum(counted.errors.values())
             opened = counted.new_connections
