@@ -88,8 +88,13 @@ def _instrument(
 
 
 def _instances_of(cls: type) -> list[Any]:
-    """The clients of `cls` alive now: one walk of the collector's objects, once per instrumented class."""
-    return [obj for obj in gc.get_objects() if isinstance(obj, cls)]
+    """The clients of `cls` alive now: one walk of the collector's objects, once per instrumented class.
+
+    By each object's real type, not `isinstance`: that asks every object for `__class__`, and a lazy
+    proxy (the openai SDK keeps one per resource module) answers by importing what it stands for, which
+    took `instrument(openai.OpenAI)` 3-9 s and 1,500 modules.
+    """
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), cls)]
 
 
 def release(client: Any) -> bool:

@@ -42,7 +42,7 @@ def _not_a_client(target: Any, what: str) -> TypeError:
             return TypeError(
                 f"{what} takes an LLM client, and {kind} is a framework object that holds one: instrument the "
                 f"client class instead, llmspans.instrument(openai.OpenAI) (or llmspans.instrument_all()), "
-                f"before the framework builds its client; see the README's Frameworks section"
+                f'before the framework builds its client; see docs/clients.md, "Frameworks"'
             )
     return TypeError(f"{what} supports {_SUPPORTED} (a client, or one of those classes); got {kind}")
 
@@ -82,7 +82,7 @@ def instrument(
     raises `llmspans.PromptTooLarge` for them instead, before anything is sent.
     `hedge=llmspans.Hedge(after=..., backup=...)` (openai clients only) sends a second copy of a call that has
     no first token (or, not streamed, no response headers) after `after`, keeps the first to answer and
-    closes the other; only calls that change nothing on the server are ever sent twice (README "Levers").
+    closes the other; only calls that change nothing on the server are ever sent twice (docs/hedging.md).
     """
     options: dict[str, Any] = {
         "provider": provider, "limiter": limiter, "budget": budget, "capture_content": capture_content,

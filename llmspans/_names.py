@@ -135,6 +135,14 @@ BUDGET_CUT: Final = "llmspans.budget.cut"
 # so `llmspans report` splits a traces file by level and `--baseline` compares two load runs.
 LOAD_LEVEL: Final = "llmspans.load.level"  # e.g. "concurrency=8" or "rate=4" (requests/s)
 LOAD_RUN_ID: Final = "llmspans.load.run_id"
+# `llmspans load --ray`: the generator (a Ray actor) that sent the call, `g2@127.0.0.1:3f2a1b9c/5e6f7a8b`:
+# its number in the run, its node (address and the node id's first 8 hex digits) and its actor id's.
+LOAD_GENERATOR: Final = "llmspans.load.generator"
+# `llmspans load --replay` (issue 41): on each replayed call span, where the recorded call came from (a traces
+# file, `tempo <url>` or `jaeger <url>`) and the recorded call's trace and span ids, to set it beside its original.
+LOAD_REPLAY_SOURCE: Final = "llmspans.load.replay.source"
+LOAD_REPLAY_TRACE_ID: Final = "llmspans.load.replay.trace_id"
+LOAD_REPLAY_SPAN_ID: Final = "llmspans.load.replay.span_id"
 
 # Levers (docs/telemetry.md, README "Levers"): a prompt cap on an instrumented client, and cache lookups.
 # A capped call's prompt size as estimated before sending, by what, against which cap, and the estimate over

@@ -59,6 +59,23 @@ def test_a_class_instruments_the_clients_built_from_it_and_those_alive(
     assert spans[2].attributes[names.GEN_AI_PROVIDER_NAME] == names.PROVIDER_AZURE_OPENAI
 
 
+def test_looking_for_live_clients_never_wakes_a_lazy_proxy(captured: Captured) -> None:
+    """Finding the clients alive asks each object's type, not its `__class__`: a lazy proxy that imports
+    what it stands for when asked (as the openai SDK's resource proxies do) is left asleep."""
+    asked: list[str] = []
+
+    class LazyProxy:
+        @property  # type: ignore[misc]
+        def __class__(self) -> type:
+            asked.append("__class__")
+            return openai.OpenAI
+
+    proxy = LazyProxy()
+    llmspans.instrument(openai.OpenAI)
+    assert asked == []
+    del proxy  # alive through the walk
+
+
 def test_instrumented_both_ways_a_call_has_one_span_with_the_apps_own_settings(
     server: SimulatedServer, captured: Captured
 ) -> None:

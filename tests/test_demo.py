@@ -102,8 +102,6 @@ def test_the_default_demo_command_writes_the_traces_file_and_reports_on_it(tmp_p
     out = " ".join(result.stdout.split())  # lines are wrapped at 100 columns
     assert max(len(line) for line in result.stdout.splitlines()) <= 100
     assert "SIMULATED OpenAI-compatible server" in out
-    assert "Dominant at p95: stream (llm bucket)" in out
-    assert "within budget" in out
     assert "40/40 turns" in result.stderr  # the progress bar
     traces_file = tmp_path / names.DEFAULT_TRACES_FILE
     assert f"spans written to {traces_file}" in out
@@ -114,7 +112,21 @@ def test_the_default_demo_command_writes_the_traces_file_and_reports_on_it(tmp_p
     assert again.returncode == 0, again.stderr
     reread = json.loads(again.stdout)
     assert (reread["traces"], reread["llm_calls"]) == (40, 40)
-    assert reread["triage"]["dominant"] == "stream"
+    # The printed verdict is the file's: the part with the largest p95, said the same in text and JSON.
+    triage = reread["triage"]
+    parts = {part["name"]: part["per_trace"] for part in reread["parts"] if part["kind"] == "bucket"}
+    largest = max(reread["parts"], key=lambda part: part["per_trace"]["p95"])
+    assert (triage["dominant"], triage["dominant_kind"]) == (largest["name"], largest["kind"])
+    assert f"Dominant at p95: {triage['dominant']} (llm bucket)" in out
+    assert ("within budget:" in out) is triage["within_budget"]
+    # The healthy design: 12 chunks 15 ms apart (180 ms of stream) over a 50 ms median first token, so
+    # stream dominates. Medians show it on any host; the p95 (rank 38 of 40) is the report's to name: on
+    # the 2-core CI host three stalls of 150 ms in the simulator's first tokens (a vLLM test on the other
+    # worker) once took first_token's p95 past stream's, and the report rightly named first_token.
+    assert parts["stream"]["p50"] >= 1.5 * parts["first_token"]["p50"], parts
+    # At least 11 gaps after the first token, each drawn from 0.85-1.15 of 15 ms: sleeps, never shorter.
+    assert parts["stream"]["p50"] >= 11 * 0.015 * 0.85
+    assert triage["dominant"] in ("stream", "first_token"), triage
 
 
 def test_demo_json_keeps_stdout_a_single_document(tmp_path: Path) -> None:

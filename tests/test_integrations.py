@@ -29,7 +29,7 @@ from tests.support.workload import exercise
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 INTEGRATIONS = ROOT / "integrations"
-README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 # ----------------------------------------------------------------------------------------------
 # OTLP -> Prometheus names, encoded once: Prometheus 3.x `otlp.translation_strategy:
@@ -436,15 +436,18 @@ def test_only_the_uis_and_otlp_are_published_and_everything_exposed_is_listened_
     assert network.listens["otel-collector"][4318] in _BIND_HOSTS
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text()
+def doc_section(page: str, title: str) -> str:
+    """One `## title` section of a documentation page (docs/PAGE), up to the next `## `."""
+    text = (DOCS / page).read_text()
     start = text.index(f"## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else None]
 
 
-def test_the_readme_names_only_published_ports(compose: dict[str, Any]) -> None:
-    text = readme_section("View traces in Jaeger") + readme_section("Per-stage budget dashboard")
+def test_the_docs_name_only_published_ports(compose: dict[str, Any]) -> None:
+    text = doc_section("backends.md", "The local stack") + doc_section(
+        "backends.md", "The per-stage budget dashboard"
+    )
     ports = {int(port) for port in re.findall(r"localhost:(\d+)", text)}
     assert {4318, 16686, 3000} <= ports
     all_published = {p for s in compose["services"] for p in published(compose, s)}
@@ -1068,8 +1071,8 @@ def test_output_tokens_per_second_counts_only_streamed_calls_on_a_live_prometheu
     assert shown["both"] == pytest.approx(sum(speeds) / len(speeds), rel=1e-6)
 
 
-def test_the_dashboard_and_the_readme_name_tempo_as_a_report_source_too(compose: dict[str, Any]) -> None:
-    """`llmspans report --tempo` reads Tempo's published query API: the dashboard's trace links and the README
+def test_the_dashboard_and_the_docs_name_tempo_as_a_report_source_too(compose: dict[str, Any]) -> None:
+    """`llmspans report --tempo` reads Tempo's published query API: the dashboard's trace links and the docs
     say so beside Jaeger, and the dashboard's Tempo link asks exactly the search the report makes."""
     from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -1078,7 +1081,7 @@ def test_the_dashboard_and_the_readme_name_tempo_as_a_report_source_too(compose:
     (tempo_port,) = published(compose, "tempo")
     (jaeger_port,) = published(compose, "jaeger")
     dashboard = json.loads((INTEGRATIONS / "grafana" / "dashboards" / "llmspans-budgets.json").read_text())
-    for text in (dashboard["description"], readme_section("View traces in Jaeger")):
+    for text in (dashboard["description"], doc_section("find-the-bottleneck.md", "From Jaeger and Tempo")):
         assert f"llmspans report --tempo http://localhost:{tempo_port}" in " ".join(text.split()), text
         assert f"--jaeger http://localhost:{jaeger_port}" in " ".join(text.split()), text
     (link,) = [link for link in dashboard["links"] if f"localhost:{tempo_port}" in link["url"]]

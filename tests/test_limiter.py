@@ -496,11 +496,14 @@ def test_thread_timeout_mid_queue_raises_and_passes_its_turn_on() -> None:
     holder = limiter.acquire()
     order: list[str] = []
     errors: list[LimiterTimeout] = []
+    took: list[float] = []
 
     def worker(label: str, timeout: float | None) -> None:
+        started = time.perf_counter()
         try:
             admission = limiter.acquire(timeout=timeout)
         except LimiterTimeout as error:
+            took.append(time.perf_counter() - started)
             errors.append(error)
             return
         order.append(label)
@@ -517,7 +520,9 @@ def test_thread_timeout_mid_queue_raises_and_passes_its_turn_on() -> None:
     wait_until(lambda: limiter.queue_depth == 3)
     impatient.join(timeout=2)
     (error,) = errors
-    assert error.waited == pytest.approx(0.05, abs=TIMER)
+    # Never before its timeout; after it, only by the time this thread took to run again (a busy host
+    # once woke it 25 ms late): what it reports lies within what the thread saw around its acquire.
+    assert 0.05 <= error.waited <= took[0]
     assert (error.name, error.cap, error.timeout) == ("timeouts", 1, 0.05)
     assert "limiter 'timeouts' (cap 1)" in str(error)
     assert "0.05s timeout" in str(error)

@@ -50,6 +50,16 @@ def fast_server() -> Iterator[SimulatedServer]:
         (["--workers", "0"], "--workers takes a whole number from 1 to 64, or auto"),
         (["--workers", "many"], "--workers takes a whole number from 1 to 64, or auto"),
         (["--workers", "2", "--limiter-cap", "2"], "--limiter-cap puts one Limiter in front of every call"),
+        (["--generators", "2"], "--generators is for --ray (Ray actors); on one machine, --workers N"),
+        (
+            ["--ray", "--workers", "2"],
+            "--workers is for one machine: with --ray, --generators N says how many",
+        ),
+        (["--ray=http://127.0.0.1:8000/v1"], "--ray takes a Ray address, got 'http://127.0.0.1:8000/v1'"),
+        (
+            ["--ray", "--replay", "tests/fixtures/embedded-default.jsonl"],
+            "--replay runs on one machine (--workers N spreads it), not on --ray yet",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_code_2(

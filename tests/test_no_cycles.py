@@ -6,6 +6,10 @@ The count: after a warm-up, `gc.DEBUG_SAVEALL` keeps whatever the collector woul
 plain client's 0 over the same server in the same test (if the plain client's count is not 0, something
 other than llmspans is making garbage and the test says so rather than blame llmspans). Every openai-SDK
 case talks over real HTTP to the simulated server on 127.0.0.1, as do the plain httpx/httpx2 clients.
+
+How many calls: a cycle made on every call shows after one; `CALLS` (40) is for a cycle made on only some
+paths (a retry inside the SDK, a race lost): one made by 1 call in 10 still shows with probability
+1 - 0.9**40 = 98.5 % (1 in 5: 99.99 %). The slow cases count fewer calls with the same reasoning.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from llmspans.tools.simulator import Behavior, SimulatedServer
 
 SERVER_BEHAVIOR = Behavior(chunks=4, usage="finish")
 MESSAGES = [{"role": "user", "content": "hi"}]
-CALLS = 200
+CALLS = 40
 WARM_UP = 10
 
 
@@ -239,9 +243,9 @@ def test_a_limited_call(
     server: SimulatedServer, telemetry: str, stream: bool, loop: asyncio.AbstractEventLoop
 ) -> None:
     plain, instrumented = sync_pair(server, limiter=llmspans.Limiter(2, name="cycles"))
-    assert_no_cycles(sync_call(plain, stream), sync_call(instrumented, stream), 100)
+    assert_no_cycles(sync_call(plain, stream), sync_call(instrumented, stream))
     aplain, ainstrumented = async_pair(server, limiter=llmspans.Limiter(2, name="acycles"))
-    assert_no_cycles(async_call(loop, aplain, stream), async_call(loop, ainstrumented, stream), 100)
+    assert_no_cycles(async_call(loop, aplain, stream), async_call(loop, ainstrumented, stream))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -257,10 +261,10 @@ def test_a_retried_call(server: SimulatedServer, stream: bool, loop: asyncio.Abs
 
     with _sampled():
         plain, instrumented = sync_pair(server)
-        assert_no_cycles(retried(sync_call(plain, stream)), retried(sync_call(instrumented, stream)), 60)
+        assert_no_cycles(retried(sync_call(plain, stream)), retried(sync_call(instrumented, stream)), 30)
         aplain, ainstrumented = async_pair(server)
         assert_no_cycles(
-            retried(async_call(loop, aplain, stream)), retried(async_call(loop, ainstrumented, stream)), 60
+            retried(async_call(loop, aplain, stream)), retried(async_call(loop, ainstrumented, stream)), 30
         )
 
 
@@ -278,7 +282,7 @@ def test_with_raw_response(server: SimulatedServer, telemetry: str) -> None:
 
         return call
 
-    assert_no_cycles(raw(plain), raw(instrumented), 100)
+    assert_no_cycles(raw(plain), raw(instrumented))
 
 
 def test_a_stream_left_early(
@@ -305,8 +309,8 @@ def test_a_stream_left_early(
 
         return lambda: loop.run_until_complete(run())
 
-    assert_no_cycles(left(plain), left(instrumented), 100)
-    assert_no_cycles(aleft(aplain), aleft(ainstrumented), 100)
+    assert_no_cycles(left(plain), left(instrumented))
+    assert_no_cycles(aleft(aplain), aleft(ainstrumented))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -317,7 +321,7 @@ def test_a_hedged_call(
     """A hedge that never fires (every answer fast), and one that does (the primary slow to its first
     token, its backup fast): the loser is closed, both copies' spans end."""
     slow = Behavior(chunks=4, usage="finish", **{"first_chunk_delay" if stream else "header_delay": 0.3})
-    calls = 12 if fired else 60
+    calls = 8 if fired else 30
 
     def hedged(call: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -365,9 +369,9 @@ def test_a_plain_http_client(
 
         return lambda: loop.run_until_complete(run())
 
-    assert_no_cycles(sync_post(library.Client()), sync_post(llmspans.instrument(library.Client())), 100)
+    assert_no_cycles(sync_post(library.Client()), sync_post(llmspans.instrument(library.Client())))
     assert_no_cycles(
-        async_post(library.AsyncClient()), async_post(llmspans.instrument(library.AsyncClient())), 100
+        async_post(library.AsyncClient()), async_post(llmspans.instrument(library.AsyncClient()))
     )
 
 

@@ -552,13 +552,17 @@ def without_ids(outcome: tuple[Any, ...]) -> tuple[Any, ...]:
     return (outcome[0], re.sub(r'"(id|created)": ("[^"]*"|\d+)', "", text))
 
 
+# A stall the client's 0.15 s timeout must see as one: the simulator stops waiting as soon as the client
+# leaves, so it costs nothing, and only a client thread kept off the CPU for the whole of it (not the 0.45 s
+# that a 0.6 s stall left, which a loaded machine did take) could find the next bytes already there.
+STALL = 5.0
 NETWORK_FAULTS: dict[str, tuple[Behavior | None, float | None, type[Exception], str]] = {
     # fault: (what the simulator does or None for a closed port, client timeout, exception, error.type)
     "connection_refused": (None, None, openai.APIConnectionError, "APIConnectionError"),
     "reset_before_headers": (Behavior(reset_before_headers=True), None, openai.APIConnectionError, "APIConnectionError"),
     "dropped_mid_stream": (Behavior(chunks=6, drop_after=2), None, openai.APIConnectionError, "APIConnectionError"),
-    "slow_headers": (Behavior(header_delay=0.6), 0.15, openai.APITimeoutError, "APITimeoutError"),
-    "stalled_mid_stream": (Behavior(chunks=4, chunk_gap=0.6), 0.15, openai.APITimeoutError, "APITimeoutError"),
+    "slow_headers": (Behavior(header_delay=STALL), 0.15, openai.APITimeoutError, "APITimeoutError"),
+    "stalled_mid_stream": (Behavior(chunks=4, chunk_gap=STALL), 0.15, openai.APITimeoutError, "APITimeoutError"),
 }  # fmt: skip
 
 
@@ -570,7 +574,7 @@ async def test_network_faults_surface_unchanged(
 ) -> None:
     behaviour, timeout, exception, error_type = NETWORK_FAULTS[fault]
     if fault == "stalled_mid_stream" and not stream:
-        behaviour = Behavior(header_delay=0.6)  # a whole body that comes too late
+        behaviour = Behavior(header_delay=STALL)  # a whole body that comes too late
     with contextlib.ExitStack() as stack:
         if behaviour is None:
             base_url = f"http://127.0.0.1:{closed_port()}/v1"

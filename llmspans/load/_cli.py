@@ -1,8 +1,9 @@
 """`llmspans load ...`: the arguments, the question before a run against another host, and the output.
 
-Exit codes: 0 when the run was reported, 1 when a worker process died or could not start (the levels before
-are printed, and the worker named), 2 when the arguments or the target could not be used (one line on
-stderr, never a traceback), 130 when Ctrl-C stopped it (what it had is printed all the same).
+Exit codes: 0 when the run was reported, 1 when a worker process died or could not start, or every Ray
+generator was lost (the levels before are printed, and the worker named), 2 when the arguments, the target
+or the Ray cluster could not be used (one line on stderr, never a traceback), 130 when Ctrl-C stopped it
+(what it had is printed all the same).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from llmspans import _names as names
+from llmspans.load import _replay_cli as replay_cli
 from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, Level, Result
 from llmspans.load._requests import RequestRecord
 from llmspans.load._workload import (
@@ -44,7 +46,10 @@ from llmspans.load._workload import (
 from llmspans.report._model import format_seconds
 
 if TYPE_CHECKING:
-    from llmspans.load._model import LevelStats
+    from llmspans.load._model import GeneratorStats, LevelStats
+    from llmspans.load._ray import Connection
+    from llmspans.load._replay_cli import Replay
+    from llmspans.load._replay_table import ReplayResult
     from llmspans.load._runner import Runner, RunOutcome
 
 EXIT_OK = 0
@@ -71,8 +76,8 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--endpoint",
         choices=ENDPOINTS,
-        default="chat",
-        help="chat completions (default), completions or responses",
+        default=None,
+        help="chat completions (default), completions or responses (with --replay: where recorded chat calls go)",
     )
     load.add_argument(
         "--no-stream", action="store_true", help="ask for whole responses (no TTFT, TPOT or ITL then)"
@@ -99,23 +104,20 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--level-seconds",
         type=float,
-        default=DEFAULT_LEVEL_SECONDS,
         metavar="S",
-        help="a level issues for at most this long (60)",
+        help="a level issues for at most this long (60; a replay: its recorded span at its speed, plus 60)",
     )
     load.add_argument(
         "--max-requests",
         type=int,
-        default=DEFAULT_MAX_REQUESTS,
         metavar="N",
-        help="requests in the whole run (2000)",
+        help="requests in the whole run (2000; a replay: its calls at every speed)",
     )
     load.add_argument(
         "--max-seconds",
         type=float,
-        default=DEFAULT_MAX_SECONDS,
         metavar="S",
-        help="seconds for the whole run (600)",
+        help="seconds for the whole run (600; a replay: each speed's level seconds, if more)",
     )
     load.add_argument(
         "--prompt-tokens",
@@ -126,16 +128,16 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--max-tokens",
         type=int,
-        default=DEFAULT_MAX_TOKENS,
         metavar="N",
-        help="output tokens asked per request (64)",
+        help="output tokens asked per request (64; a replay: for a call with no recorded count)",
     )
     prompts = load.add_mutually_exclusive_group()
     prompts.add_argument("--prompts", metavar="FILE", help="JSON lines of chat messages to send in turn")
     prompts.add_argument(
         "--prompts-from",
         metavar="FILE",
-        help="reuse the prompts of a traces file recorded with content capture on",
+        help="reuse the prompts of a traces file recorded with content capture on (with --replay: each "
+        "recorded call sent with its own)",
     )
     load.add_argument(
         "--shared-prefix",
@@ -182,13 +184,25 @@ def add_arguments(load: argparse.ArgumentParser) -> None:
         "per CPU; 1 for a closed loop)",
     )  # fmt: skip
     load.add_argument(
-        "--service", default=SERVICE_NAME, metavar="NAME", help=f"service name on the spans ({SERVICE_NAME})"
-    )
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="send from generators on a Ray cluster (llmspans[ray]); ADDRESS as ray.init takes it: auto, "
+        "HOST:6379, ray://HOST:10001 (default RAY_ADDRESS, else auto). The driver keeps the schedule",
+    )  # fmt: skip
+    load.add_argument(
+        "--generators", metavar="N|per-cpu",
+        help="with --ray: how many generators (Ray actors of one CPU each, spread over the nodes); per-cpu "
+        "(default): one per CPU of the cluster",
+    )  # fmt: skip
+    load.add_argument(
+        "--service", metavar="NAME",
+        help=f"service name on the spans ({SERVICE_NAME}); with --replay, the recorded service to replay",
+    )  # fmt: skip
     load.add_argument("--json", action="store_true", help="print the result as one JSON document")
     load.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML page")
     load.add_argument(
         "--yes", action="store_true", help="do not ask before a run against a host other than this one"
     )
+    replay_cli.add_arguments(load)
 
 
 def _local(base_url: str) -> bool:
@@ -201,12 +215,33 @@ def _local(base_url: str) -> bool:
         return False
 
 
-def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
+def _checks(args: argparse.Namespace) -> None:
+    """What every run needs of its arguments, a replay's too: the URL, the client's own bounds, the workers."""
     parts = urllib.parse.urlsplit(args.base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Usage(
             f"BASE_URL must be an http(s) URL such as http://127.0.0.1:8000/v1, got {args.base_url!r}"
         )
+    if args.limiter_cap is not None and args.limiter_cap < 1:
+        raise Usage(f"--limiter-cap must be 1 or more, got {args.limiter_cap}")
+    if args.max_retries < 0:
+        raise Usage(f"--max-retries must be 0 or more, got {args.max_retries}")
+    if not args.timeout > 0:
+        raise Usage(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    workers = parse_workers(args.workers)
+    if args.ray is None and workers is not None and workers > 1 and args.limiter_cap is not None:
+        raise Usage("--limiter-cap puts one Limiter in front of every call: it needs --workers 1")
+    if args.ray is not None:
+        if args.workers != "auto":
+            raise Usage("--workers is for one machine: with --ray, --generators N says how many send")
+        if urllib.parse.urlsplit(args.ray).scheme in ("http", "https"):
+            raise Usage(f"--ray takes a Ray address, got {args.ray!r}: put BASE_URL first, or --ray=ADDRESS")
+    elif args.generators is not None:
+        raise Usage("--generators is for --ray (Ray actors); on one machine, --workers N")
+
+
+def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
+    _checks(args)
     tokens, stddev = parse_prompt_tokens(args.prompt_tokens)
     given: tuple[list[dict[str, object]], ...] = ()
     source = None
@@ -215,7 +250,8 @@ def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
     elif args.prompts_from:
         given, source = prompts_from_traces(args.prompts_from), args.prompts_from
     workload = Workload(
-        model=args.model, endpoint=args.endpoint, stream=not args.no_stream, max_tokens=args.max_tokens,
+        model=args.model, endpoint=args.endpoint or "chat", stream=not args.no_stream,
+        max_tokens=args.max_tokens if args.max_tokens is not None else DEFAULT_MAX_TOKENS,
         prompt_tokens=tokens, prompt_stddev=stddev, shared_prefix=args.shared_prefix, seed=args.seed,
         prompts=given, prompts_source=source,
     )  # fmt: skip
@@ -229,18 +265,11 @@ def _plan(args: argparse.Namespace) -> tuple[Workload, Plan]:
         raise Usage(
             "--sweep starts from one level (e.g. --concurrency 1 --sweep) and finds the others itself"
         )
-    if args.limiter_cap is not None and args.limiter_cap < 1:
-        raise Usage(f"--limiter-cap must be 1 or more, got {args.limiter_cap}")
-    if args.max_retries < 0:
-        raise Usage(f"--max-retries must be 0 or more, got {args.max_retries}")
-    if not args.timeout > 0:
-        raise Usage(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    workers = parse_workers(args.workers)
-    if workers is not None and workers > 1 and args.limiter_cap is not None:
-        raise Usage("--limiter-cap puts one Limiter in front of every call: it needs --workers 1")
     plan = Plan(
         shape=shape, levels=levels, sweep=args.sweep, requests_per_level=args.requests,
-        level_seconds=args.level_seconds, max_requests=args.max_requests, max_seconds=args.max_seconds,
+        level_seconds=DEFAULT_LEVEL_SECONDS if args.level_seconds is None else args.level_seconds,
+        max_requests=DEFAULT_MAX_REQUESTS if args.max_requests is None else args.max_requests,
+        max_seconds=DEFAULT_MAX_SECONDS if args.max_seconds is None else args.max_seconds,
         burstiness=args.burstiness, knee_factor=args.knee_factor, slo=slo,
     )  # fmt: skip
     return workload, plan
@@ -311,8 +340,17 @@ def run(args: argparse.Namespace, stdin: TextIO | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, stdin: TextIO | None) -> int:
+    replay: Replay | None = None
     try:
-        workload, plan = _plan(args)
+        if args.ray is not None and args.replay is not None:
+            raise Usage("--replay runs on one machine (--workers N spreads it), not on --ray yet")
+        replay = replay_cli.prepare(args)
+        workload: Workload
+        if replay is not None:
+            _checks(args)
+            workload, plan = replay.plan(args)
+        else:
+            workload, plan = _plan(args)
         import openai  # noqa: F401  (only to say how to install it before anything starts)
     except ImportError:
         print(f"llmspans load: {INSTALL_OPENAI}", file=sys.stderr)
@@ -326,15 +364,39 @@ def _run(args: argparse.Namespace, stdin: TextIO | None) -> int:
         except ImportError:
             print(f"llmspans load: {INSTALL_VLLM}", file=sys.stderr)
             return EXIT_BAD_INPUT
+    if args.ray is not None:
+        from llmspans.load._ray import RayUnavailable, import_ray
+
+        try:
+            import_ray()
+        except RayUnavailable as error:
+            print(f"llmspans load: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     try:
         _confirm(args, workload, plan, stdin or sys.stdin)
     except Usage as error:
         print(f"llmspans load: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return _load(args, workload, plan)
+    connection = None
+    if args.ray is not None:
+        from llmspans.load._ray import RayUnavailable, connect
+
+        try:
+            connection = connect(args.ray or None)
+        except RayUnavailable as error:
+            print(f"llmspans load: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    try:
+        return _load(args, workload, plan, replay, connection)
+    finally:
+        if connection is not None:
+            connection.close()
 
 
-def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
+def _load(
+    args: argparse.Namespace, workload: Workload, plan: Plan, replay: Replay | None = None,
+    connection: Connection | None = None,
+) -> int:  # fmt: skip
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -342,7 +404,8 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
     from llmspans.load._runner import LoadError, Runner, new_run_id
     from llmspans.load._workers import WorkerExport, workers_words
 
-    configuration = llmspans.configure(service_name=args.service)
+    service = SERVICE_NAME if replay is not None or not args.service else args.service
+    configuration = llmspans.configure(service_name=service)
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
         print(
@@ -355,8 +418,17 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
         from llmspans.vllm import ServerMetrics
 
         server_metrics = ServerMetrics(args.base_url, interval=0.25)
-    limiter = llmspans.Limiter(args.limiter_cap, name="load") if args.limiter_cap else None
-    workers = parse_workers(args.workers)
+    limiter = (
+        llmspans.Limiter(args.limiter_cap, name="load") if args.limiter_cap and connection is None else None
+    )
+    workers = parse_workers(args.workers) if connection is None else 1
+    if configuration.mode == "existing" and connection is not None:
+        print(
+            "llmspans load: --ray needs configure()'s own exporters (the spans here go to a provider set up "
+            "before it)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     if configuration.mode == "existing" and workers != 1:
         if workers is not None:
             print(
@@ -366,18 +438,44 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
             )
             return EXIT_BAD_INPUT
         workers = 1
-    export = WorkerExport(args.service, configuration.traces_file if configuration.mode == "file" else None)
+    export = WorkerExport(service, configuration.traces_file if configuration.mode == "file" else None)
     run_id = new_run_id()
+    api_key = os.environ.get("OPENAI_API_KEY") or "none"
+    if replay is not None:  # what the server counts per word, before the requests are sized by it
+        workload = replay.measure(args, api_key, run_id)
     # The plan on stderr with the progress lines: stdout holds the result alone.
     print(f"llmspans load: {args.base_url}, model {workload.model}, run {run_id}", file=sys.stderr)
+    fleet = None
+    if connection is not None:
+        from llmspans.load._ray import Fleet, generator_setups, generators_for
+
+        try:
+            count = generators_for(args.generators or "per-cpu", connection.cpus())
+        except ValueError as error:
+            print(f"llmspans load: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        setups = generator_setups(
+            workload, base_url=args.base_url, api_key=os.environ.get("OPENAI_API_KEY") or "none",
+            provider=args.provider, max_retries=args.max_retries, timeout=args.timeout, run_id=run_id,
+            service_name=service, client=args.client, limiter_cap=args.limiter_cap,
+            file_export=configuration.mode == "file",
+        )  # fmt: skip
+        fleet = Fleet(connection, count, setups)
     for line in plan_words(plan, workload):
         print(f"  {line}", file=sys.stderr)
-    print(f"  {workers_words(workers)}", file=sys.stderr)
+    if fleet is not None and connection is not None:
+        print(f"  generators: {fleet.count} Ray actors of one CPU each, spread over the nodes of {connection.address}",
+              file=sys.stderr)  # fmt: skip
+        if args.limiter_cap:
+            print(f"  limiter: a cap of {args.limiter_cap} per generator ({args.limiter_cap * fleet.count} in flight "
+                  "at most over all)", file=sys.stderr)  # fmt: skip
+    else:
+        print(f"  {workers_words(workers)}", file=sys.stderr)
     runner = Runner(
-        workload, plan, base_url=args.base_url, tracer_provider=provider, api_key=os.environ.get("OPENAI_API_KEY") or "none",
+        workload, plan, base_url=args.base_url, tracer_provider=provider, api_key=api_key,
         provider=args.provider, limiter=limiter, server_metrics=server_metrics, max_retries=args.max_retries,
         timeout=args.timeout, client=args.client, run_id=run_id, progress=_Progress(sys.stderr), workers=workers, export=export,
-        notice=lambda line: print(f"llmspans load: {line}", file=sys.stderr),
+        notice=lambda line: print(f"llmspans load: {line}", file=sys.stderr), fleet=fleet,
     )  # fmt: skip
     try:
         outcome = asyncio.run(_main(runner))
@@ -388,9 +486,16 @@ def _load(args: argparse.Namespace, workload: Workload, plan: Plan) -> int:
         if server_metrics is not None:
             server_metrics.close()
         provider.force_flush()
+    notes = list(outcome.notes)
+    if fleet is not None:
+        from llmspans.load._ray import notes as generator_notes
+        from llmspans.load._ray import passed_environment
+
+        notes += generator_notes(outcome.generators, passed_environment(), fleet.driver_node())
     result = build_result(
         outcome.levels, workload=workload, plan=plan, target=args.base_url, run_id=run_id,
-        interrupted=outcome.interrupted, notes=outcome.notes,
+        interrupted=outcome.interrupted, notes=notes, generators=outcome.generators,
+        replay=replay.result(outcome.records) if replay is not None else None,
     )  # fmt: skip
     try:
         emit(result, as_json=args.json, html=args.html)
@@ -431,7 +536,7 @@ async def _main(runner: Runner) -> RunOutcome:
 
 def build_result(
     levels: Sequence[LevelStats], *, workload: Workload, plan: Plan, target: str, run_id: str, interrupted: bool,
-    notes: Sequence[str] = (),
+    notes: Sequence[str] = (), generators: Sequence[GeneratorStats] = (), replay: ReplayResult | None = None,
 ) -> Result:  # fmt: skip
     from llmspans.load._verdict import find_knee, summary, verdict
 
@@ -442,7 +547,7 @@ def build_result(
         target=target, model=workload.model, endpoint=workload.endpoint, stream=workload.stream, shape=plan.shape,
         run_id=run_id, workload=workload.describe(), levels=tuple(stats), knee=knee, verdict=said,
         summary=summary(knee, said, stats, plan.knee_factor), slo=dict(plan.slo), interrupted=interrupted,
-        notes=tuple(notes),
+        notes=tuple(notes), generators=tuple(generators), replay=replay,
     )  # fmt: skip
 
 

@@ -87,11 +87,10 @@ class Generator:
         self.server_metrics = server_metrics
         self.max_retries = max_retries
         self.timeout = timeout
-        self.stamper = LevelStamper(run_id)
+        self.stamper = LevelStamper(run_id, stamps=workload.span_attributes)
         tracer_provider.add_span_processor(self.stamper)
         self._client: Any = None
-        self._create: Callable[..., Any] = _not_started
-        self._content = _CONTENT[workload.endpoint]
+        self._creators: dict[str, Callable[..., Any]] = {}  # the openai SDK's create(), by endpoint
 
     async def start(self) -> None:
         """The client, and one warm-up request no span records: the SDK's one-off set-up is not in the
@@ -105,8 +104,10 @@ class Generator:
                 if self.client == "httpx":
                     await self._send(RequestRecord(index=0, level=""), self.body(0))
                 else:
-                    response = await self._create(**self.workload.request(0))
-                    if self.workload.stream:
+                    response = await self._creators[self.workload.shape(0).endpoint](
+                        **self.workload.request(0)
+                    )
+                    if self.workload.shape(0).stream:
                         async for _ in response:
                             pass
             except Exception as error:
@@ -126,7 +127,7 @@ class Generator:
             self._client, provider=self.provider, limiter=self.limiter, request_usage=self.workload.stream,
             server_metrics=self.server_metrics or False,
         )  # fmt: skip
-        self._create = _creator(self._client, self.workload.endpoint)
+        self._creators = {endpoint: _creator(self._client, endpoint) for endpoint in _PATHS}
 
     def _start_plain(self) -> None:
         import httpx2
@@ -149,14 +150,18 @@ class Generator:
         opener = getattr(transport, "_plain", None)
         if opener is not None:  # the adapter's opener, with the load tool's stream observer
             transport._plain = LoadCalls(opener.settings)
-        self._url = httpx2.URL(self.base_url.rstrip("/") + "/" + _PATHS[self.workload.endpoint])
+        self._urls = {
+            endpoint: httpx2.URL(self.base_url.rstrip("/") + "/" + path) for endpoint, path in _PATHS.items()
+        }
         self._headers = [(name.encode(), value.encode()) for name, value in self._client.headers.items()]
 
     def body(self, index: int) -> bytes:
         """Request `index`'s JSON body for the plain client (usage asked for when streamed, as the SDK
         path asks), encoded once before it is due."""
         arguments = self.workload.request(index)
-        if self.workload.stream and self.workload.endpoint != "responses":
+        arguments.update(arguments.pop("extra_body", None) or {})  # the SDK's extra_body goes in the JSON
+        shape = self.workload.shape(index)
+        if shape.stream and shape.endpoint != "responses":
             arguments["stream_options"] = {"include_usage": True}
         return json.dumps(arguments, separators=(",", ":")).encode()
 
@@ -169,7 +174,8 @@ class Generator:
         groups the attempts into one call); the body is read to its end, its observer stamping chunks."""
         import httpx2
 
-        client, url = self._client, self._url
+        shape = self.workload.shape(record.index)
+        client, url = self._client, self._urls[shape.endpoint]
         attempt = 0
         while True:
             # The request built whole here: the client's own build_request merges and parses its URL again.
@@ -194,7 +200,7 @@ class Generator:
                         record.error = f"HTTP {status}"
                         return
                     wait = _backoff(attempt, _retries.retry_after_seconds(response.headers))
-                elif record.observed or not self.workload.stream:
+                elif record.observed or not shape.stream:
                     async for _ in response.aiter_raw():
                         pass
                     return
@@ -271,17 +277,22 @@ class Generator:
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)
 
+    async def send(self, record: RequestRecord, arguments: Any) -> None:
+        """One request on a schedule kept elsewhere (a replay's turns: `_replay_send.py`), as `open` sends it."""
+        await self._one(record, arguments)
+
     async def _one(self, record: RequestRecord, arguments: Any) -> None:
         """One request, consumed as an app would; what it measured lands on `record`."""
         token = CURRENT.set(record)
-        content = self._content
         try:
             record.issued_ns = time.perf_counter_ns()
             if self.client == "httpx":
                 await self._send(record, arguments)
                 return
-            response = await self._create(**arguments)
-            if self.workload.stream:
+            shape = self.workload.shape(record.index)
+            content = _CONTENT[shape.endpoint]
+            response = await self._creators[shape.endpoint](**arguments)
+            if shape.stream:
                 async for item in response:
                     if content(item):
                         record.chunk_ns.append(time.perf_counter_ns())
@@ -382,10 +393,6 @@ async def _stamp_chunks(response: Any, record: RequestRecord) -> None:
             for line in event.split(b"\n"):
                 if line.startswith(b"data:") and content_of(line[5:].strip().decode("utf-8", "replace")):
                     record.chunk_ns.append(now)
-
-
-def _not_started(**_: Any) -> Any:
-    raise RuntimeError("Generator.start() was not awaited")
 
 
 def _creator(client: Any, endpoint: str) -> Callable[..., Any]:

@@ -14,6 +14,7 @@ from html import escape
 
 from llmspans import _names as names
 from llmspans.load._model import LevelStats, Percentiles, Result
+from llmspans.load._replay_table import ReplayResult, token_words
 from llmspans.report._html import _CSS, BUCKET_COLOURS
 from llmspans.report._model import format_seconds as seconds
 
@@ -204,6 +205,60 @@ def _table(levels: Sequence[LevelStats], knee: str | None) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _generators(result: Result) -> str:
+    """`--ray`: one row per generator."""
+    head = (
+        "<tr><th>generator</th><th>node</th><th>requests</th><th>lost</th><th>CPU/req</th><th>lag p99</th>"
+        "<th>at</th><th>clock</th></tr>"
+    )
+    rows = []
+    for generator in result.generators:
+        cpu = generator.cpu_per_request_s
+        worst = generator.lag_worst
+        rows.append(
+            f'<tr class="generator" data-generator="{escape(generator.attribute)}">'
+            f"<td>{escape(generator.name)}{' (lost)' if generator.lost_during else ''}</td>"
+            f"<td>{escape(generator.node)}</td><td>{generator.requests}</td><td>{generator.lost}</td>"
+            f"<td>{'-' if cpu is None else seconds(cpu)}</td><td>{'-' if worst is None else seconds(worst[1])}</td>"
+            f"<td>{'-' if worst is None else escape(worst[0])}</td>"
+            f"<td>{generator.clock_offset_s * 1e3:+.1f} ms ±{generator.clock_uncertainty_s * 1e3:.1f}</td></tr>"
+        )
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _replay(replay: ReplayResult) -> str:
+    """The recorded calls against their replay at 1x speed, and what the replay assumed."""
+    parts = [
+        '<section id="replay"><h2>Recorded against replayed</h2>',
+        f'<p class="meta">{escape(replay.described)}</p>',
+    ]
+    if replay.speed is None or not replay.rows:
+        parts.append('<p class="meta">No 1x speed level ran (--speed 1 gives the comparison).</p>')
+    else:
+        head = (
+            f"<tr><th>part (at {replay.speed:g}x speed)</th><th>recorded p50</th><th>recorded p95</th>"
+            "<th>replayed p50</th><th>replayed p95</th><th>calls recorded/replayed</th></tr>"
+        )
+        rows = []
+        for row in replay.rows:
+            name = "llm (the call)" if row.kind == "stage" else row.part
+            rows.append(
+                f'<tr class="compared" data-part="{escape(row.part)}" data-kind="{row.kind}" '
+                f'data-recorded-p50="{row.recorded_p50:.6f}" data-recorded-p95="{row.recorded_p95:.6f}" '
+                f'data-replayed-p50="{row.replayed_p50:.6f}" data-replayed-p95="{row.replayed_p95:.6f}">'
+                f"<td>{escape(name)}</td><td>{seconds(row.recorded_p50)}</td><td>{seconds(row.recorded_p95)}</td>"
+                f"<td>{seconds(row.replayed_p50)}</td><td>{seconds(row.replayed_p95)}</td>"
+                f"<td>{row.recorded_count}/{row.replayed_count}</td></tr>"
+            )
+        parts.append(f"<table>{head}{''.join(rows)}</table>")
+        if replay.largest is not None:
+            parts.append(f'<p class="largest">{escape(replay.largest)}</p>')
+        if replay.tokens is not None:
+            parts.append(f'<p class="meta">{escape(token_words(replay.tokens))}</p>')
+    parts += [f'<p class="meta assumed">assumed: {escape(line)}</p>' for line in replay.assumptions]
+    return "".join(parts) + "</section>"
+
+
 def render(result: Result) -> str:
     """The whole page as a string (UTF-8 when written)."""
     levels = sorted(result.levels, key=lambda stats: stats.level.value)
@@ -218,6 +273,7 @@ def render(result: Result) -> str:
         f'<p class="meta">{escape(result.workload)}; run <code>{escape(result.run_id)}</code>'
         f"{' (interrupted)' if result.interrupted else ''}. Quantiles: nearest rank; TTFT and e2e count from the "
         "request's start (its scheduled time in an open loop).</p>",
+        *([_replay(result.replay)] if result.replay is not None else []),
         f'<section class="verdict{"" if result.knee else " none"}" id="verdict" '
         f'data-finding="{escape(result.verdict.finding if result.verdict else "")}"><h2>'
         f"{'The knee' if result.knee else 'No knee'}</h2><p>{escape(result.summary)}</p>"
@@ -245,6 +301,13 @@ def render(result: Result) -> str:
             + "</section>"
         )
         body.append('<section id="levels"><h2>Per level</h2>' + _table(levels, knee) + "</section>")
+    if result.generators:
+        body.append(
+            '<section id="generators"><h2>The generators on Ray</h2><p class="meta">Over the run; a --limiter-cap '
+            "applies per generator; lag p99 at its worst level; clock: its wall clock minus the driver's.</p>"
+            + _generators(result)
+            + "</section>"
+        )
     for note in result.notes:
         body.append(f'<p class="meta">note: {escape(note)}</p>')
     return (

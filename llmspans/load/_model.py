@@ -8,32 +8,39 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmspans.report._model import Report, quantile
 
+if TYPE_CHECKING:
+    from llmspans.load._replay_table import ReplayResult
+
 SHAPE_CONCURRENCY = "concurrency"
 SHAPE_RATE = "rate"
+SHAPE_SPEED = "speed"  # `--replay`: the recorded traffic at this many times its recorded pace
 LOAD_QUANTILES = (0.5, 0.9, 0.95, 0.99)
 
 
 @dataclass(frozen=True, order=True)
 class Level:
     """One load level: `concurrency` users each sending the next request when the last one is done
-    (closed loop), or `rate` requests per second arriving on a schedule (open loop)."""
+    (closed loop), `rate` requests per second arriving on a schedule (open loop), or a recorded run
+    replayed at `speed` times its pace (`--replay`, an open loop on the recorded schedule)."""
 
     shape: str
     value: float
 
     @property
     def label(self) -> str:
-        """The `llmspans.load.level` value: `concurrency=8`, `rate=4` (requests/s)."""
+        """The `llmspans.load.level` value: `concurrency=8`, `rate=4` (requests/s), `speed=2`."""
         return f"{self.shape}={_number(self.value)}"
 
     @property
     def words(self) -> str:
         if self.shape == SHAPE_CONCURRENCY:
             return f"{_number(self.value)} concurrent"
+        if self.shape == SHAPE_SPEED:
+            return f"{_number(self.value)}x speed"
         return f"{_number(self.value)} requests/s"
 
 
@@ -116,6 +123,8 @@ class LevelStats:
     generator_inflated: bool = False  # the loop's lateness is a real share of the TTFT (`_host.inflated`)
     shared_host: str | None = None  # the target on this machine, on the generator's CPUs: who shares what
     shared_cpu_share: float | None = None  # the share of a CPU the generator used there, when it mattered
+    lost: int = 0  # `--ray`: requests in flight on a generator that was lost (not server errors)
+    lost_generators: tuple[str, ...] = ()  # `--ray`: each generator lost during the level, in one line
     report: Report | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -134,6 +143,29 @@ class LevelStats:
         data.pop("report")
         data["level"] = {"shape": self.level.shape, "value": self.level.value, "label": self.level.label}
         return data
+
+
+@dataclass(frozen=True)
+class GeneratorStats:
+    """One generator of a `--ray` run (a Ray actor) over the whole run, for the table per generator."""
+
+    name: str  # g1, g2, ... in the order they were started
+    attribute: str  # its `llmspans.load.generator` on the call spans
+    node: str  # the node's address and the node id's first 8 hex digits
+    requests: int  # issued, whose records came back
+    lost: int  # in flight when it was lost
+    cpu_s: (
+        float  # its process's CPU over the parts it finished (its exporter's thread and Ray's own included)
+    )
+    cpu_per_request_s: float | None  # over the parts it finished; None when it finished none
+    lag: Percentiles | None  # open loop: its requests' lag behind the schedule, over the run
+    lag_worst: tuple[str, float] | None  # open loop: the level where its lag p99 was highest, and that p99
+    clock_offset_s: float  # its wall clock minus the driver's, as last measured
+    clock_uncertainty_s: float  # half the round trip of the best measurement
+    lost_during: str | None = None  # the level it was lost in, if it was
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -174,6 +206,10 @@ class Result:
     slo: dict[str, float]
     interrupted: bool
     notes: tuple[str, ...] = ()
+    generators: tuple[GeneratorStats, ...] = ()  # `--ray`: one per generator, in their order
+    replay: ReplayResult | None = (
+        None  # `--replay`: the recorded calls, what was assumed, recorded vs replayed
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (the `--json` document)."""
@@ -199,4 +235,10 @@ class Result:
             "verdict": asdict(self.verdict) if self.verdict is not None else None,
             "summary": self.summary,
             "notes": list(self.notes),
+            **(
+                {"generators": [generator.to_dict() for generator in self.generators]}
+                if self.generators
+                else {}
+            ),
+            **({"replay": self.replay.to_dict()} if self.replay is not None else {}),
         }

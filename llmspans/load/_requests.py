@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ class RequestRecord:
     error: str | None = None  # the exception the call raised, by type
     cancelled: bool = False
     observed: bool = False  # the generator's stream observer stamps `chunk_ns` (the plain client)
+    generator: str | None = None  # `--ray`: the generator that sent it (`llmspans.load.generator`)
     # From the call span:
     recorded: bool = False
     stream: bool = False
@@ -138,8 +139,10 @@ class LevelStamper(SpanProcessor):
     Never raises into the call: a failure leaves that request unrecorded (counted, never hidden).
     """
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, stamps: Callable[[int], Mapping[str, str] | None] | None = None) -> None:
         self.run_id = run_id
+        self.generator: str | None = None  # `--ray`: this generator's `llmspans.load.generator`, stamped too
+        self.stamps = stamps  # request index -> more attributes for its call span (a replay's recorded ids)
         self.active = True
         self._records: dict[int, RequestRecord] = {}  # by call span id
         self._levels: dict[int, str] = {}  # by trace id: the level of the request that trace is
@@ -157,6 +160,12 @@ class LevelStamper(SpanProcessor):
             ):
                 return
             span.set_attributes({names.LOAD_LEVEL: record.level, names.LOAD_RUN_ID: self.run_id})
+            if self.generator is not None:
+                span.set_attribute(names.LOAD_GENERATOR, self.generator)
+                record.generator = self.generator
+            more = self.stamps(record.index) if self.stamps is not None else None
+            if more:
+                span.set_attributes(more)
             context = span.get_span_context()
             with self._lock:
                 self._records[context.span_id] = record

@@ -17,13 +17,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.trace import TracerProvider
 
 import llmspans
 from llmspans.load._generator import Generator, LoadError, on_schedule, until_done
 from llmspans.load._host import LoopLag, SharedHost, shared_host
-from llmspans.load._model import SHAPE_CONCURRENCY, Level, LevelStats
+from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, SHAPE_SPEED, GeneratorStats, Level, LevelStats
+from llmspans.load._replay_send import send_replay
+from llmspans.load._replay_workload import ReplayWorkload, deal_replay
 from llmspans.load._requests import RequestRecord
 from llmspans.load._schedule import Sweep, arrivals
 from llmspans.load._server import LevelSampler
@@ -44,6 +47,9 @@ from llmspans.report._analysis import analyse
 from llmspans.report._spans import Span
 from llmspans.vllm import ServerMetrics
 
+if TYPE_CHECKING:
+    from llmspans.load._ray import Fleet
+
 __all__ = ["LoadError", "RunOutcome", "Runner", "new_run_id"]
 
 PROGRESS_EVERY_S = 0.5
@@ -62,6 +68,7 @@ class RunOutcome:
     records: dict[str, list[RequestRecord]]  # each level's requests, by `Level.label`
     failure: str | None = None  # why the run stopped early (a worker died), in one line
     workers: list[int] = field(default_factory=list)  # the worker processes' pids, in their order
+    generators: tuple[GeneratorStats, ...] = ()  # `--ray`: each generator over the run
 
 
 def new_run_id() -> str:
@@ -70,7 +77,8 @@ def new_run_id() -> str:
 
 class Runner:
     """`workers`: how many processes send a level's requests; 1 (this one), N, or None to choose by
-    itself (`workers_for`). Worker processes need `export`, where `configure()` sends their spans."""
+    itself (`workers_for`). Worker processes need `export`, where `configure()` sends their spans.
+    `fleet`: every level on a Ray cluster's generators instead (`_ray.py`), each with its own limiter."""
 
     def __init__(
         self,
@@ -91,7 +99,12 @@ class Runner:
         export: WorkerExport | None = None,
         notice: Notice | None = None,
         client: str = "httpx",
+        fleet: Fleet | None = None,
     ) -> None:
+        if fleet is not None and limiter is not None:
+            raise ValueError(
+                "on Ray each generator has its own limiter: give the fleet the cap, not a Limiter"
+            )
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError(
                 f"workers must be a positive whole number or None (chosen per level), got {workers!r}"
@@ -117,6 +130,7 @@ class Runner:
         self.export = export
         self.notice = notice
         self.client = client
+        self.fleet = fleet
         self.generator = Generator(
             workload, base_url=base_url, tracer_provider=tracer_provider, run_id=self.run_id, api_key=api_key,
             provider=provider, limiter=limiter, server_metrics=server_metrics, max_retries=max_retries,
@@ -130,6 +144,8 @@ class Runner:
         self.host: SharedHost | None = None  # the target on this machine, sharing the generator's CPUs
 
     def workers_for(self, level: Level, count: int) -> int:
+        if level.shape == SHAPE_SPEED:  # a replay: as an open loop of the rate it sends at that speed
+            level = Level(SHAPE_RATE, self._replay().rate(level.value))
         # A client Limiter is one process's: its cap would apply per worker.
         return workers_for(level, count, self.workers, one_process_only=self.limiter is not None)
 
@@ -141,8 +157,11 @@ class Runner:
         sampler = LevelSampler(self.server_metrics) if self.server_metrics is not None else None
         levels: list[LevelStats] = []
         try:
-            self.host = shared_host(self.base_url)
-            await self.generator.start()
+            if self.fleet is not None:  # the generators warm up, each from its own node
+                await self.fleet.start(stop)
+            else:
+                self.host = shared_host(self.base_url)
+                await self.generator.start()
             if self.server_metrics is not None and not self.server_metrics.wait_for_sample(2.0):
                 notes.append(f"vLLM's /metrics at {self.server_metrics.metrics_url} could not be read")
             deadline = time.monotonic() + self.plan.max_seconds
@@ -164,11 +183,19 @@ class Runner:
                 workers = self.workers_for(level, count)
                 stats: LevelStats | None
                 try:
-                    if workers == 1:
+                    if self.fleet is not None:
+                        stats = await self._level_on_ray(self.fleet, level, count, deadline, stop, sampler)
+                    elif workers == 1:
                         stats = await self._level_here(level, count, deadline, stop, sampler)
                     else:
                         stats = await self._level_in_workers(level, count, workers, deadline, stop, sampler)
                 except WorkerFailed as error:
+                    failure = str(error)
+                    notes.append(f"{level.words} is not reported: {failure}")
+                    break
+                except LoadError as error:  # every generator on Ray was lost
+                    if self.fleet is None:
+                        raise
                     failure = str(error)
                     notes.append(f"{level.words} is not reported: {failure}")
                     break
@@ -179,8 +206,11 @@ class Runner:
             if self._pool is not None:
                 closed = await self._pool.close()
                 notes += closed.notes
+            if self.fleet is not None:
+                notes += await self.fleet.close(self.export.traces_file if self.export is not None else None)
         pids = [worker.process.pid for worker in self._pool.workers] if self._pool is not None else []
-        return RunOutcome(levels, stop.is_set(), notes, self._records, failure, pids)
+        generators = self.fleet.stats() if self.fleet is not None else ()
+        return RunOutcome(levels, stop.is_set(), notes, self._records, failure, pids, generators)
 
     # --- one level ----------------------------------------------------------------------------
 
@@ -199,6 +229,13 @@ class Runner:
                     work = self.generator.closed(
                         level, int(level.value), indices, records, stop, level_deadline
                     )
+                elif level.shape == SHAPE_SPEED:
+                    start = time.perf_counter_ns() + int(OPEN_LOOP_LEAD_S * 1e9)
+                    heads, follows = self._replay_schedule(level, count, start)
+                    work = send_replay(
+                        self.generator, level, heads, [(index, *wait) for index, wait in follows.items()],
+                        records, stop, level_deadline,
+                    )  # fmt: skip
                 else:
                     start = time.perf_counter_ns() + int(OPEN_LOOP_LEAD_S * 1e9)
                     schedule = self._schedule(level, count, start)
@@ -236,6 +273,11 @@ class Runner:
                 Part(level, start, until_ns, deadline_ns, users=users, indices=share)
                 for users, share in deal_closed(int(level.value), indices, workers)
             ]
+        elif level.shape == SHAPE_SPEED:
+            parts = [
+                Part(level, start, until_ns, deadline_ns, schedule=heads, follows=follows)
+                for heads, follows in deal_replay(*self._replay_schedule(level, count, start), workers)
+            ]
         else:
             parts = [
                 Part(level, start, until_ns, deadline_ns, schedule=share)
@@ -261,6 +303,47 @@ class Runner:
             loop_lag=loop_lag,
         )
 
+    async def _level_on_ray(
+        self, fleet: Fleet, level: Level, count: int, deadline: float, stop: asyncio.Event,
+        sampler: LevelSampler | None,
+    ) -> LevelStats | None:  # fmt: skip
+        """A level on the Ray generators still alive, dealt as worker processes are dealt theirs."""
+        from llmspans.load._ray import LEAD_S as RAY_LEAD_S
+
+        members = fleet.share(int(level.value) if level.shape == SHAPE_CONCURRENCY else None)
+        await fleet.measure_clocks()
+        if stop.is_set():
+            return None
+        records: list[RequestRecord] = []
+        self._records[level.label] = records
+        now_ns = time.perf_counter_ns()
+        until_ns = now_ns + int(max(0.0, min(deadline - time.monotonic(), self.plan.level_seconds)) * 1e9)
+        deadline_ns = now_ns + int(max(0.0, deadline - time.monotonic()) * 1e9)
+        start = now_ns + int(RAY_LEAD_S * 1e9)
+        indices = range(self._issued, self._issued + count)
+        if level.shape == SHAPE_CONCURRENCY:
+            parts = [
+                Part(level, start, until_ns, deadline_ns, users=users, indices=share)
+                for users, share in deal_closed(int(level.value), indices, len(members))
+            ]
+        else:
+            parts = [
+                Part(level, start, until_ns, deadline_ns, schedule=share)
+                for share in deal_open(self._schedule(level, count, start), len(members))
+            ]
+        async with self._watching(level, records, count, sampler) as started:
+            cpu = time.process_time()  # the driver's share, as the runner's is counted with worker processes
+            outcome = await fleet.run_level(members, parts, stop, records.extend)
+            cpu = time.process_time() - cpu + sum(part.cpu_s for part in outcome.done)
+        records.sort(key=lambda record: record.index)
+        self._issued += len(records) + outcome.lost
+        return self._stats(
+            level, records, [span for part in outcome.done for span in part.spans], sampler, started,
+            workers=len(members), cpu_s=cpu, planned=count,
+            loop_lag=[sample for part in outcome.done for sample in part.loop_lag_ns], lost=outcome.lost,
+            lost_generators=outcome.lost_generators,
+        )  # fmt: skip
+
     def _worker_pool(self) -> WorkerPool:
         if self._pool is None:
             assert self.export is not None
@@ -277,6 +360,18 @@ class Runner:
 
             self._pool = WorkerPool(setup, export, self.run_id)
         return self._pool
+
+    def _replay(self) -> ReplayWorkload:
+        if not isinstance(self.workload, ReplayWorkload):
+            raise ValueError("a speed level replays recorded calls: it needs a ReplayWorkload (--replay)")
+        return self.workload
+
+    def _replay_schedule(
+        self, level: Level, count: int, start: int
+    ) -> tuple[list[tuple[int, int]], dict[int, tuple[int, int]]]:
+        """A replay level's first calls of turns `(index, due)` and later calls `index: (waits for, gap)`."""
+        replay = self._replay()
+        return replay.schedule(level.value, count, start, replay.first_index(self._issued))
 
     def _schedule(self, level: Level, count: int, start: int) -> list[tuple[int, int]]:
         """The level's arrivals from `start` (`perf_counter_ns()`), with the requests' indices."""
@@ -301,7 +396,8 @@ class Runner:
 
     def _stats(
         self, level: Level, records: list[RequestRecord], spans: list[Span], sampler: LevelSampler | None,
-        started: float, *, workers: int, cpu_s: float, planned: int, loop_lag: list[int],
+        started: float, *, workers: int, cpu_s: float, planned: int, loop_lag: list[int], lost: int = 0,
+        lost_generators: Sequence[str] = (),
     ) -> LevelStats:  # fmt: skip
         issued = [record.issued_ns for record in records if record.issued_ns]
         done = [record.done_ns for record in records if record.done_ns]
@@ -313,7 +409,8 @@ class Runner:
         server = sampler.level_figures(started) if sampler is not None else None
         stats = level_stats(
             level, records, duration_s=duration_s, slo=self.plan.slo, server=server, report=report,
-            workers=workers, generator_cpu_s=cpu_s, loop_lag_ns=loop_lag, host=self.host,
+            workers=workers, generator_cpu_s=cpu_s, loop_lag_ns=loop_lag, host=self.host, lost=lost,
+            lost_generators=lost_generators,
         )  # fmt: skip
         if self.progress is not None:
             self.progress(level, records, planned, True)

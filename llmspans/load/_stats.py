@@ -36,6 +36,8 @@ def level_stats(
     generator_cpu_s: float | None = None,
     loop_lag_ns: Sequence[int] = (),
     host: SharedHost | None = None,
+    lost: int = 0,
+    lost_generators: Sequence[str] = (),
 ) -> LevelStats:
     ok = [record for record in records if record.ok and record.recorded]
     errors: dict[str, int] = {}
@@ -98,6 +100,8 @@ def level_stats(
         ),
         shared_host=host.words() if host is not None and share is not None else None,
         shared_cpu_share=share,
+        lost=lost,
+        lost_generators=tuple(lost_generators),
         report=report,
     )
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from llmspans import _names as names
 from llmspans.load._model import LevelStats, Percentiles, Result
+from llmspans.load._replay_table import ComparedRow, ReplayResult, token_words
 from llmspans.report._model import format_seconds as seconds
 from llmspans.report._text import WIDTH
 
@@ -39,6 +40,8 @@ def render(result: Result) -> str:
     out += _wrap(result.workload)
     for note in result.notes:
         out += _wrap(f"note: {note}")
+    if result.replay is not None:
+        out += _replay(result.replay)
     levels = sorted(result.levels, key=lambda stats: stats.level.value)
     if not levels:
         out.append("")
@@ -52,14 +55,23 @@ def render(result: Result) -> str:
     out.append("")
     slo = f", goodput under {_slo(result.slo)}" if result.slo else ""
     out.append(f"Throughput and errors per level (* the knee){slo}")
-    headers = ["level", "requests", "ok", "errors", "retries", "req/s", "tok/s"] + (
-        ["goodput"] if result.slo else []
-    )
+    lost = any(stats.lost for stats in levels)  # `--ray`: requests on a generator that was lost
+    headers = [
+        "level",
+        "requests",
+        "ok",
+        "errors",
+        *(["lost"] if lost else []),
+        "retries",
+        "req/s",
+        "tok/s",
+    ] + (["goodput"] if result.slo else [])
     rows = []
     for stats in levels:
         row = [
-            label(stats), str(stats.requests), str(stats.completed), str(stats.failed), str(stats.retries),
-            f"{stats.requests_per_s:.1f}", f"{stats.output_tokens_per_s:.0f}",
+            label(stats), str(stats.requests + stats.lost), str(stats.completed), str(stats.failed),
+            *([str(stats.lost)] if lost else []), str(stats.retries), f"{stats.requests_per_s:.1f}",
+            f"{stats.output_tokens_per_s:.0f}",
         ]  # fmt: skip
         if result.slo:
             row.append("-" if stats.goodput_per_s is None else f"{stats.goodput_per_s:.1f}")
@@ -110,6 +122,7 @@ def render(result: Result) -> str:
         for stats in levels
     ]  # fmt: skip
     out += _table(["level", "workers", "CPU/req", "lag p50", "p95", "p99", "max", "schedule"], rows)
+    out += _generators(result)
 
     if any(stats.server is not None for stats in levels):
         out.append("")
@@ -131,18 +144,20 @@ def render(result: Result) -> str:
         out += _table(["level", "waiting", "running", "KV cache", "preempt/s", "prefix hits"], rows, width=12)
 
     warnings = []
+    ray = bool(result.generators)  # the level's processes are Ray generators, spread by --generators
+    spread = "--generators" if ray else "--workers"
     for stats in levels:
         if stats.behind_schedule and stats.lag is not None:
             warnings.append(
                 f"{stats.level.words}: the client could not keep the schedule (lag p99 {seconds(stats.lag.p99)} on "
-                f"{_processes(stats.workers)}); its latencies include that lag: more --workers, if this machine "
-                "has idle CPUs, or fewer requests/s"
+                f"{_processes(stats.workers, ray)}); its latencies include that lag: more {spread}, if "
+                f"{'the cluster' if ray else 'this machine'} has idle CPUs, or fewer requests/s"
             )
         busy = _busy(stats)
         if stats.lag is None and busy is not None and busy >= BUSY_SHARE:
             warnings.append(
                 f"{stats.level.words}: the load generator was busy {busy:.0%} of the level on "
-                f"{_processes(stats.workers)}: its own time may be in the latencies (--workers N spreads it)"
+                f"{_processes(stats.workers, ray)}: its own time may be in the latencies ({spread} N spreads it)"
             )
         if stats.shared_host is not None and stats.shared_cpu_share is not None:
             warnings.append(
@@ -155,9 +170,11 @@ def render(result: Result) -> str:
             warnings.append(
                 f"{stats.level.words}: the generator's own work is in these latencies: its event loop woke "
                 f"{seconds(stats.loop_lag.p50)} late at the median ({seconds(stats.loop_lag.p95)} p95) against a "
-                f"TTFT p50 of {seconds(stats.ttft.p50)}: more --workers, a less busy machine, or fewer requests "
+                f"TTFT p50 of {seconds(stats.ttft.p50)}: more {spread}, a less busy machine, or fewer requests "
                 "per process"
             )
+        for line in stats.lost_generators:
+            warnings.append(f"{stats.level.words}: {line}")
         if stats.unrecorded:
             warnings.append(
                 f"{stats.level.words}: {stats.unrecorded} successful calls had no span (sampled out?)"
@@ -181,6 +198,80 @@ def render(result: Result) -> str:
     return "\n".join(out) + "\n"
 
 
+def _generators(result: Result) -> list[str]:
+    """`--ray`: one row per generator over the run."""
+    if not result.generators:
+        return []
+    width = max(len("node"), *(len(generator.node) for generator in result.generators)) + 2
+
+    def line(first: str, node: str, cells: Sequence[str]) -> str:
+        return (
+            "  " + first.ljust(11) + node.ljust(width) + "".join(cell.rjust(10) for cell in cells)
+        ).rstrip()
+
+    out = [
+        "",
+        "The generators on Ray over the run (workers above: how many sent each level; a --limiter-cap applies",
+        "per generator; lag p99: at its worst level; clock: its wall clock minus the driver's)",
+        line("generator", "node", ["requests", "lost", "CPU/req", "lag p99", "at", "clock ms"]),
+    ]
+    for generator in result.generators:
+        cpu = generator.cpu_per_request_s
+        worst = generator.lag_worst
+        out.append(
+            line(
+                generator.name + (" (lost)" if generator.lost_during else ""),
+                generator.node,
+                [
+                    str(generator.requests),
+                    str(generator.lost),
+                    "-" if cpu is None else seconds(cpu),
+                    "-" if worst is None else seconds(worst[1]),
+                    "-" if worst is None else worst[0],
+                    f"{generator.clock_offset_s * 1e3:+.1f}±{generator.clock_uncertainty_s * 1e3:.1f}",
+                ],
+            )
+        )
+    return out
+
+
+def _replay(replay: ReplayResult) -> list[str]:
+    """The first table of a replay: the recorded calls against the replay at 1x speed; what was assumed."""
+    out = [""]
+    if replay.speed is None or not replay.rows:
+        out.append("Recorded against replayed: no 1x speed level ran (--speed 1 gives the comparison)")
+    else:
+        out += _wrap(
+            f"Recorded against replayed at {replay.speed:g}x speed ({replay.calls} calls; nearest-rank p50 and p95 "
+            "of the calls that succeeded, per call)"
+        )
+        rows = [
+            [
+                _row_name(row), seconds(row.recorded_p50), seconds(row.recorded_p95), seconds(row.replayed_p50),
+                seconds(row.replayed_p95), f"{row.recorded_count}/{row.replayed_count}",
+            ]
+            for row in replay.rows
+        ]  # fmt: skip
+        out += _table(
+            ["part", "recorded p50", "p95", "replayed p50", "p95", "calls"], rows, first=20, width=13
+        )
+        if replay.largest is not None:
+            out += _wrap(replay.largest)
+        if replay.tokens is not None:
+            out += _wrap(token_words(replay.tokens))
+        if replay.order is not None and replay.order.turns:
+            out += _wrap(
+                f"turns of several calls sent in their recorded order: {replay.order.in_order} of {replay.order.turns}"
+            )
+    for line in replay.assumptions:
+        out += _wrap(f"assumed: {line}")
+    return out
+
+
+def _row_name(row: ComparedRow) -> str:
+    return "llm (the call)" if row.kind == "stage" else row.part
+
+
 def _cpu(stats: LevelStats) -> str:
     cpu = stats.cpu_per_request_s
     return "-" if cpu is None else seconds(cpu)
@@ -193,7 +284,9 @@ def _busy(stats: LevelStats) -> float | None:
     return stats.generator_cpu_s / (stats.duration_s * stats.workers)
 
 
-def _processes(workers: int) -> str:
+def _processes(workers: int, ray: bool = False) -> str:
+    if ray:
+        return "one Ray generator" if workers == 1 else f"{workers} Ray generators"
     return "one process" if workers == 1 else f"{workers} worker processes"
 
 

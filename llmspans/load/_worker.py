@@ -24,6 +24,8 @@ import llmspans
 from llmspans import _names as names
 from llmspans.load._generator import Generator, LoadError, on_schedule, until_done
 from llmspans.load._host import LoopLag
+from llmspans.load._model import SHAPE_SPEED
+from llmspans.load._replay_send import send_replay
 from llmspans.load._requests import RequestRecord
 from llmspans.load._workers import (
     SHIP_EVERY_S,
@@ -110,7 +112,11 @@ class _Worker:
                 wait = (part.start_ns - time.perf_counter_ns()) / 1e9
                 if wait > 0:
                     await asyncio.sleep(wait)
-                if part.schedule:
+                if part.level.shape == SHAPE_SPEED:
+                    work = send_replay(
+                        self.generator, part.level, part.schedule, part.follows, records, stop, until
+                    )
+                elif part.schedule:
                     work = self.generator.open(part.level, part.schedule, records, stop, until)
                 else:
                     work = self.generator.closed(part.level, part.users, part.indices, records, stop, until)

@@ -89,8 +89,9 @@ class Failed:
 
 @dataclass(frozen=True)
 class Part:
-    """A worker's part of a level: an open loop's `schedule` ((index, due) pairs, `perf_counter_ns()`), or
-    a closed loop's `users` sharing `indices`; it stops issuing at `until_ns` and ends by `deadline_ns`."""
+    """A worker's part of a level: an open loop's `schedule` ((index, due) pairs, `perf_counter_ns()`), a
+    closed loop's `users` sharing `indices`, or a replay's turns (`schedule` their first calls, `follows` the
+    rest); it stops issuing at `until_ns` and ends by `deadline_ns`."""
 
     level: Level
     start_ns: int
@@ -99,6 +100,7 @@ class Part:
     schedule: tuple[tuple[int, int], ...] = ()
     users: int = 0
     indices: tuple[int, ...] = ()
+    follows: tuple[tuple[int, int, int], ...] = ()  # a replay: (index, the index it waits for, gap ns)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ with the same words, to exercise a prefix cache. Bad values raise ValueError say
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -18,7 +19,7 @@ from typing import Any
 
 from llmspans import _names as names
 from llmspans._budget import parse_budgets
-from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, Level
+from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, SHAPE_SPEED, Level
 
 ENDPOINTS = ("chat", "completions", "responses")
 SLO_METRICS = ("ttft", "tpot", "e2e")
@@ -43,6 +44,14 @@ _VOCABULARY = (
     "level", "first", "last", "slow", "fast", "budget", "trace", "span", "retry", "connect", "window",
 )  # fmt: skip
 Messages = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a request is besides its body: the endpoint it goes to and whether it streams."""
+
+    endpoint: str
+    stream: bool
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,19 @@ class Workload:
             count = max(1, round(rng.gauss(self.prompt_tokens, self.prompt_stddev)))
         prefix = _words(random.Random(self.seed), min(self.shared_prefix, count))
         return " ".join(prefix + _words(rng, count - len(prefix)))
+
+    @functools.cached_property
+    def _shape(self) -> Shape:
+        return Shape(self.endpoint, self.stream)
+
+    def shape(self, index: int) -> Shape:
+        """Request `index`'s endpoint and streaming: the workload's own for every request (a replay's vary)."""
+        return self._shape
+
+    def span_attributes(self, index: int) -> Mapping[str, str] | None:
+        """What the load stamps on request `index`'s call span besides its level and run (a replay: where
+        its recorded call came from); None: nothing."""
+        return None
 
     def request(self, index: int) -> dict[str, Any]:
         """The keyword arguments of request `index`'s `create()` call."""
@@ -163,7 +185,30 @@ def prompts_from_file(path: str) -> tuple[Messages, ...]:
 def prompts_from_traces(path: str) -> tuple[Messages, ...]:
     """`--prompts-from FILE`: the input messages of the call spans in a traces file (OTLP-JSON lines)
     recorded with content capture on, in the GenAI conventions' form, turned back into chat messages."""
-    prompts: list[Messages] = []
+    prompts = tuple(messages for _, messages in _captured(path))
+    if not prompts:
+        raise ValueError(_NOTHING_CAPTURED.format(path=path))
+    return prompts
+
+
+def captured_prompts(path: str) -> dict[tuple[str, str], Messages]:
+    """`--prompts-from FILE` with `--replay`: each call span's captured input messages by (trace id, span id)
+    (hex), so a replayed call is sent with its own recorded content."""
+    found = dict(_captured(path))
+    if not found:
+        raise ValueError(_NOTHING_CAPTURED.format(path=path))
+    return found
+
+
+_NOTHING_CAPTURED = (
+    f"--prompts-from {{path}}: no call span there carries {names.GEN_AI_INPUT_MESSAGES}; record with content "
+    f"capture on (configure(capture_content=True) or {names.ENV_CAPTURE_CONTENT}=true), or pass --prompts FILE"
+)
+
+
+def _captured(path: str) -> list[tuple[tuple[str, str], Messages]]:
+    """Each call span's ((trace id, span id), captured messages) in a traces file, in file order."""
+    found = []
     for line in _lines(path, "--prompts-from"):
         try:
             document = json.loads(line)
@@ -174,14 +219,9 @@ def prompts_from_traces(path: str) -> tuple[Messages, ...]:
                 for span in scope.get("spans") or ():
                     messages = _captured_messages(span)
                     if messages:
-                        prompts.append(messages)
-    if not prompts:
-        raise ValueError(
-            f"--prompts-from {path}: no call span there carries {names.GEN_AI_INPUT_MESSAGES}; record with "
-            "content capture on (configure(capture_content=True) or "
-            f"{names.ENV_CAPTURE_CONTENT}=true), or pass --prompts FILE"
-        )
-    return tuple(prompts)
+                        ids = (str(span.get("traceId", "")).lower(), str(span.get("spanId", "")).lower())
+                        found.append((ids, messages))
+    return found
 
 
 def _captured_messages(span: Mapping[str, Any]) -> Messages | None:
@@ -198,14 +238,43 @@ def _captured_messages(span: Mapping[str, Any]) -> Messages | None:
     for message in captured if isinstance(captured, list) else ():
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             continue
-        parts = message.get("parts") or ()
-        text = "".join(
-            str(part.get("content", ""))
-            for part in parts
-            if isinstance(part, Mapping) and part.get("type") == "text"
+        messages.append(
+            _chat_message(message["role"], [p for p in message.get("parts") or () if isinstance(p, Mapping)])
         )
-        messages.append({"role": message["role"], "content": text})
     return messages or None
+
+
+def _chat_message(role: str, parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A captured message (the conventions' parts) as the chat API takes it: its text; a tool's answer with
+    its call's id; an assistant's tool calls with theirs (reasoning is not sent back)."""
+    text = "".join(str(part.get("content", "")) for part in parts if part.get("type") == "text")
+    answers = [part for part in parts if part.get("type") == "tool_call_response"]
+    if answers:
+        response = answers[0].get("response")
+        text += response if isinstance(response, str) else json.dumps(response, separators=(",", ":"))
+        message: dict[str, Any] = {"role": role, "content": text}
+        if isinstance(answers[0].get("id"), str):
+            message["tool_call_id"] = answers[0]["id"]
+        return message
+    calls = [
+        {
+            "id": part.get("id"), "type": "function",
+            "function": {"name": part.get("name"), "arguments": _arguments(part.get("arguments"))},
+        }
+        for part in parts
+        if part.get("type") == "tool_call"
+    ]  # fmt: skip
+    if calls:
+        return {"role": role, "content": text or None, "tool_calls": calls}
+    return {"role": role, "content": text}
+
+
+def _arguments(value: Any) -> str:
+    return (
+        value
+        if isinstance(value, str)
+        else json.dumps(value if value is not None else {}, separators=(",", ":"))
+    )
 
 
 def _is_message(value: Any) -> bool:
@@ -241,8 +310,10 @@ class Plan:
     slo: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.shape not in (SHAPE_CONCURRENCY, SHAPE_RATE):
-            raise ValueError(f"shape must be {SHAPE_CONCURRENCY!r} or {SHAPE_RATE!r}, got {self.shape!r}")
+        if self.shape not in (SHAPE_CONCURRENCY, SHAPE_RATE, SHAPE_SPEED):
+            raise ValueError(
+                f"shape must be {SHAPE_CONCURRENCY!r}, {SHAPE_RATE!r} or {SHAPE_SPEED!r}, got {self.shape!r}"
+            )
         if not self.levels:
             raise ValueError("at least one level is needed (--concurrency 1,2,4 or --rate 1,2,4)")
         if self.requests_per_level is not None:
@@ -280,7 +351,7 @@ class Plan:
 
 def parse_levels(spec: str, shape: str) -> tuple[Level, ...]:
     """`"1,2,4,8"` as levels of `shape`; concurrency takes whole numbers, rates any positive number."""
-    option = "--concurrency" if shape == SHAPE_CONCURRENCY else "--rate"
+    option = {SHAPE_CONCURRENCY: "--concurrency", SHAPE_SPEED: "--speed"}.get(shape, "--rate")
     levels = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
         try:
@@ -289,9 +360,10 @@ def parse_levels(spec: str, shape: str) -> tuple[Level, ...]:
             value = math.nan
         whole = shape != SHAPE_CONCURRENCY or value.is_integer()
         if not math.isfinite(value) or value <= 0 or not whole:
-            kind = (
-                "positive whole numbers" if shape == SHAPE_CONCURRENCY else "positive numbers of requests/s"
-            )
+            kind = {
+                SHAPE_CONCURRENCY: "positive whole numbers",
+                SHAPE_SPEED: "positive numbers (times the recorded pace)",
+            }.get(shape, "positive numbers of requests/s")
             raise ValueError(
                 f"{option} takes {kind} separated by commas, e.g. {option} 1,2,4,8; got {item!r}"
             )
@@ -330,6 +402,8 @@ def plan_words(plan: Plan, workload: Workload) -> Sequence[str]:
     else:
         levels = ", ".join(level.words for level in plan.levels)
     loop = "open loop" if plan.open_loop else "closed loop"
+    if plan.shape == SHAPE_SPEED:
+        loop = "the recorded schedule (an open loop), each speed a level"
     burst = (
         ""
         if not plan.open_loop

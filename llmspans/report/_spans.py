@@ -54,6 +54,13 @@ REPORTED_ATTRIBUTES = frozenset({
     names.HEDGE_ROLE, names.HEDGE_FIRST_TOKEN, names.GEN_AI_USAGE_INPUT_TOKENS,
     names.VLLM_NUM_REQUESTS_WAITING_MAX, names.STREAM_CLOSED_BEFORE_END, names.SAMPLE_WEIGHT,
 })  # fmt: skip
+# What `llmspans load --replay` reads of a recorded call besides (llmspans/load/_replay.py): its shape and
+# what tells a shared prompt prefix without its content. No message content is ever among them.
+REPLAY_ATTRIBUTES = frozenset({
+    names.GEN_AI_OPERATION_NAME, names.GEN_AI_USAGE_OUTPUT_TOKENS, names.GEN_AI_REQUEST_MAX_TOKENS,
+    names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, names.GEN_AI_CONVERSATION_ID, names.STREAM_CHUNKS,
+})  # fmt: skip
+REPORTED_ATTRIBUTES = REPORTED_ATTRIBUTES | REPLAY_ATTRIBUTES
 REPORTED_EVENTS = frozenset({names.EVENT_ADMITTED})
 
 

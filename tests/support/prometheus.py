@@ -18,6 +18,7 @@ import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -63,6 +64,64 @@ class PrometheusServer:
                 return
             time.sleep(0.1)
         raise AssertionError(f"{promql} never reached {value} within {timeout_s} s; last {seen}")
+
+    def scrapes(self, selector: str, after: float, until: float | None = None) -> list[float]:
+        """When Prometheus stored a sample of the series `selector` (a plain series selector, e.g. one
+        counter of one job), wall-clock seconds, after `after` and up to `until` (default: now). A scrape
+        that failed (a busy app too slow for the scrape timeout) stored none: it is not among them."""
+        until = time.time() if until is None else until
+        span_ms = max(1, round((time.time() - after) * 1000) + 1000)
+        query = urllib.parse.urlencode({"query": f"{selector}[{span_ms}ms]"})
+        status, body = _http("GET", f"{self.url}/api/v1/query?{query}")
+        assert status == 200, body[:500]
+        stamps = {float(at) for series in json.loads(body)["data"]["result"] for at, _ in series["values"]}
+        return sorted(at for at in stamps if after < at <= until)
+
+    def window(self, selector: str, settled_at: float, timeout_s: float = 60.0) -> RunWindow:
+        """A report window over a run about to start, when the app's counters (`selector`: one of them)
+        have not moved since `settled_at` (wall clock). Once Prometheus has stored a scrape `DRIFT` seconds
+        after `settled_at` (and half a second), the window begins `DRIFT` seconds before the latest
+        scrape: every sample in it before the run holds the settled values, and one of them is still in
+        it when the report reads its own clock up to `DRIFT` seconds after the caller asked (`since`) and
+        the window slides that much later. increase() then counts the run's whole rise, never less; the
+        window holds little idle time before the run (gauges are averaged over it)."""
+        drift = RunWindow.DRIFT
+        deadline = time.monotonic() + timeout_s
+        while not (stored := self.scrapes(selector, settled_at + 0.5 + drift)):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no scrape of {selector} stored within {timeout_s} s")
+            time.sleep(0.1)
+        return RunWindow(self, selector, max(settled_at + 0.5, stored[-1] - drift - 0.05))
+
+
+@dataclass
+class RunWindow:
+    """The window from `start` (wall clock) to a report's own `now`; `since()` is its `--since`, taken just
+    before the report runs, and `stretch()` just after says how far increase() may have stretched a rise
+    counted over it."""
+
+    DRIFT: ClassVar[float] = 1.0
+    """Seconds the report may read its clock after `since()` (a thread kept off a busy CPU) and count all."""
+
+    server: PrometheusServer
+    selector: str
+    start: float
+    asked: float = 0.0
+
+    def since(self) -> str:
+        self.asked = time.time()
+        return f"{self.asked - self.start:.3f}s"
+
+    def stretch(self) -> float:
+        """increase() extrapolates the rise between the first and the last sample in the window to its
+        edges (it never shrinks it): at most by the window's length over the time between those samples.
+        The report read its clock between `since()` and now, so its window slid up to that much later
+        than asked (at most `DRIFT` seconds for it to hold the run's whole rise): its first sample is at
+        worst the first after `start` plus that slide, and every sample up to `since()` was in it."""
+        slide = min(time.time() - self.asked, self.DRIFT)
+        stored = self.server.scrapes(self.selector, self.start + slide, self.asked)
+        assert len(stored) >= 2, f"{len(stored)} scrapes of {self.selector} in the window"
+        return (self.asked - self.start) / (stored[-1] - stored[0])
 
 
 @contextlib.contextmanager

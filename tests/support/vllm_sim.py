@@ -210,6 +210,8 @@ class EngineConfig:
     num_kv_blocks: int = 64
     stream_interval: int = 1
     enable_prefix_caching: bool | None = None  # None: the engine's default
+    # --enable-prompt-tokens-details: usage says `prompt_tokens_details.cached_tokens`, the prefix cache's hit
+    enable_prompt_tokens_details: bool = False
     grammar_compile_time: float = 0.05
     max_waiting: int | None = (
         None  # from 0.32 (`--max-num-queued-reqs`): requests past this many waiting are rejected
@@ -542,13 +544,18 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> by
     return _dumps({"error": {"message": message, "type": kind, "param": param, "code": status}})
 
 
-def _usage(r: EngineRequest, completion_tokens: int | None = None) -> dict[str, Any]:
+def _usage(
+    r: EngineRequest, completion_tokens: int | None = None, *, details: bool = False
+) -> dict[str, Any]:
     completion = r.generated if completion_tokens is None else completion_tokens
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": r.prompt_tokens,
         "total_tokens": r.prompt_tokens + completion,
         "completion_tokens": completion,
     }
+    if details:  # vLLM with --enable-prompt-tokens-details: the prompt tokens its prefix cache held
+        usage["prompt_tokens_details"] = {"cached_tokens": r.cached_tokens}
+    return usage
 
 
 class VLLMSimulator(LocalServer):
@@ -734,7 +741,8 @@ class VLLMSimulator(LocalServer):
             choice["text"] = text
         answer = {
             "id": r.request_id, "object": "chat.completion" if chat else "text_completion",
-            "created": int(r.arrival_time), "model": self.config.model, "choices": [choice], "usage": _usage(r),
+            "created": int(r.arrival_time), "model": self.config.model, "choices": [choice],
+            "usage": _usage(r, details=self.config.enable_prompt_tokens_details),
         }  # fmt: skip
         ex.send_full(200, _dumps(answer), common)
 
@@ -757,7 +765,7 @@ class VLLMSimulator(LocalServer):
         def chunk(choice: dict[str, Any], completion_tokens: int) -> bytes:
             obj = {**base, "choices": [choice]}
             if continuous:
-                obj["usage"] = _usage(r, completion_tokens)
+                obj["usage"] = _usage(r, completion_tokens, details=self.config.enable_prompt_tokens_details)
             return _sse(_dumps(obj))
 
         def emit(tokens: int, last: bool) -> None:
@@ -785,7 +793,8 @@ class VLLMSimulator(LocalServer):
 
         self._engine.run(r, emit)
         if include_usage:
-            ex.send(_sse(_dumps({**base, "choices": [], "usage": _usage(r)})))
+            usage = _usage(r, details=self.config.enable_prompt_tokens_details)
+            ex.send(_sse(_dumps({**base, "choices": [], "usage": usage})))
         ex.end_stream(_DONE_FRAME)
 
     def _render_metrics(self) -> bytes:

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import llmspans
+from llmspans import _names as names
 from llmspans import _openinference, _phases
 from llmspans.load._requests import CURRENT, LevelStamper, RequestRecord
 from llmspans.testing import capture
@@ -35,6 +36,15 @@ class Exercised:
 
 class _Failed(Exception):
     pass
+
+
+def _replayed(index: int) -> dict[str, str]:
+    """What `llmspans load --replay` stamps besides: where the recorded call came from, and its ids."""
+    return {
+        names.LOAD_REPLAY_SOURCE: "recorded.jsonl",
+        names.LOAD_REPLAY_TRACE_ID: "0af7651916cd43dd8448eb211c80319c",
+        names.LOAD_REPLAY_SPAN_ID: "b7ad6b7169203331",
+    }
 
 
 def exercise() -> Exercised:
@@ -176,8 +186,10 @@ def _exercise() -> Exercised:
                     model="sim-model", messages=[{"role": "user", "content": "drop"}], stream=True
                 )
             )
-        # A call `llmspans load` made: its stamper writes the level and the run on the call span.
-        stamper = LevelStamper("0123456789abcdef")
+        # A call `llmspans load` made: its stamper writes the level and the run on the call span, a replay's
+        # recorded ids, and under `--ray` its generator.
+        stamper = LevelStamper("0123456789abcdef", stamps=_replayed)
+        stamper.generator = "g1@127.0.0.1:3f2a1b9c/5e6f7a8b"
         captured.tracer_provider.add_span_processor(stamper)
         token = CURRENT.set(RequestRecord(index=0, level="concurrency=1"))
         try:
