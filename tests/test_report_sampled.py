@@ -182,6 +182,20 @@ def test_each_p95_lies_in_its_interval_or_near_the_whole_recordings(run: Run, sa
     assert {row["stage"] for row in report["stages"]} == set(whole_stages)
 
 
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+def test_the_parts_table_shows_the_figures_the_verdict_compared(run: Run, sampling: str) -> None:
+    """Each trace here is one turn of one call and each stage once: the histograms give the per-trace parts,
+    so "Where a request's time goes" says what the verdict weighed, not the kept traces' cruder estimate."""
+    report = cached(run.sampled[sampling])
+    parts = {(part["kind"], part["name"]): part["per_trace"] for part in report["parts"]}
+    assert report["triage"]["compared"]
+    for weighed in report["triage"]["compared"]:
+        part = parts[(weighed["kind"], weighed["name"])]
+        p95 = next(i for i in part["intervals"] if i["quantile"] == "p95")
+        assert (part["p95"], p95["low"], p95["high"]) == (weighed["p95"], weighed["low"], weighed["high"])
+    assert report["quantile_method"].startswith("stages, buckets and the per-trace parts")
+
+
 # --- a traces-only pipeline ---------------------------------------------------------------------------
 
 

@@ -76,6 +76,11 @@ QUANTILE_METHOD_SAMPLED = (
     "stages and buckets: from the metrics' histograms (every call; the nearest rank's bucket, placed inside "
     "it); per-trace parts: nearest-rank over the sampled traces, weighted; each with a 95 % interval"
 )
+QUANTILE_METHOD_SAMPLED_PARTS = (
+    "stages, buckets and the per-trace parts (one span each in every trace): from the metrics' histograms "
+    "(every call; the nearest rank's bucket, placed inside it); the time outside any stage: nearest-rank "
+    "over the sampled traces, weighted; each with a 95 % interval"
+)
 
 
 def _call_failed(span: Span) -> bool:
@@ -411,10 +416,12 @@ class Analysis:
             # Every trace read is a turn: the metrics counted every turn.
             traces = counted.stages[names.STAGE_TURN].count
         if counted is not None:
+            # Where each part of a trace is one span's, the histograms give the per-trace parts too.
+            from_traces = "the time outside any stage" if self._one_span_per_part else "the per-trace parts"
             notes = (
                 f"sampled ({names.SAMPLE_WEIGHT}, tail sampling): counts and the stage and bucket distributions "
                 f"come from the metric points read with the spans, which counted every call; the {self.read} "
-                f"traces read give the per-trace parts, the slowest traces and what else only traces carry, "
+                f"traces read give {from_traces}, the slowest traces and what else only traces carry, "
                 f"as estimates of the whole run with 95 % intervals (effective sample size "
                 f"{self._effective or 0:.0f})",
                 *notes,
@@ -462,10 +469,14 @@ class Analysis:
             spans=self.spans,
             traces=traces,
             llm_calls=retries.calls,
-            quantile_method=QUANTILE_METHOD if counted is None else QUANTILE_METHOD_SAMPLED,
+            quantile_method=QUANTILE_METHOD
+            if counted is None
+            else QUANTILE_METHOD_SAMPLED_PARTS
+            if decide_on is not parts
+            else QUANTILE_METHOD_SAMPLED,
             stages=stages,
             buckets=buckets,
-            parts=parts,
+            parts=decide_on,  # the parts the verdict compares: from the histograms where they can say them
             triage=triage(decide_on, stages, figures),
             variability=figures.variability,
             connections=connections,
