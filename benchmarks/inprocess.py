@@ -275,7 +275,7 @@ def hot_path(chunks: int) -> None:
     from openai.types.chat import ChatCompletionChunk
 
     from llmspans._adapters import openai_sdk as _openai
-    from llmspans._call import CallRecord
+    from llmspans._call import Attempt, CallRecord
     from llmspans._stream import SyncStreamProxy
 
     payload = {
@@ -284,11 +284,11 @@ def hot_path(chunks: int) -> None:
     }  # fmt: skip
     items = [ChatCompletionChunk.model_validate(payload) for _ in range(chunks)]
 
-    def reads(record: CallRecord | None) -> Iterator[Any]:
+    def reads(attempt: Attempt | None) -> Iterator[Any]:
         clock = time.perf_counter_ns
         for item in items:
-            if record is not None:
-                record.bytes_at_ns = clock()  # what the transport does per network read
+            if attempt is not None:
+                attempt.bytes_at_ns = clock()  # what the transport does per network read
             yield item
 
     try:  # the reader the adapter picks for a call that captures no content
@@ -302,9 +302,10 @@ def hot_path(chunks: int) -> None:
 
     def instrumented() -> None:
         record = CallRecord(operation="chat", model=MODEL, provider="openai", stream=True)
+        attempt = record.attempt(time.perf_counter_ns())  # the one the transport would make
         call = _openai._Reading(record, "/chat/completions", False, False)
         reader = functools.partial(chat_reader, call)  # what the adapter picks for a call like it
-        for _ in SyncStreamProxy(reads(record), record, reader, lambda outcome, error, at_ns: None):
+        for _ in SyncStreamProxy(reads(attempt), record, reader, lambda outcome, error, at_ns: None):
             pass
         record.finished = True  # not ended: the call's fixed cost is measured by the A/B
 

@@ -29,7 +29,6 @@ import threading
 import time
 import weakref
 from bisect import bisect_left
-from collections import _count_elements  # type: ignore[attr-defined]  # Counter's own C loop
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from itertools import compress, repeat
@@ -54,6 +53,7 @@ from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHis
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from llmspans import _internals
 from llmspans import _names as names
 from llmspans._metrics import COUNTER, HISTOGRAM, INSTRUMENTS, CallMetrics, InstrumentSpec, Labels, Sample
 
@@ -252,7 +252,7 @@ class Aggregation:
             indexes = list(map(partial(bisect_left, boundaries), column))
             counts = series.counts
             tally: dict[int, int] = {}
-            _count_elements(tally, indexes)
+            _internals.count_elements(tally, indexes)
             for at, n in tally.items():
                 counts[at] += n
             if sampled:
@@ -390,7 +390,7 @@ class AggregatingReader(PeriodicExportingMetricReader):
         self._aggregation = aggregation
         self._resource = resource
         self._scope = scope
-        self._temporalities = _by_kind(self._instrument_class_temporality)
+        self._temporalities = _by_kind(_internals.reader_choices(self)[0])
 
     def use_resource(self, resource: Resource) -> None:
         """The resource our own `MetricsData` goes out on (a forked child's has its own instance id)."""
@@ -399,7 +399,7 @@ class AggregatingReader(PeriodicExportingMetricReader):
     def takes_explicit_histograms(self) -> bool:
         """Whether the exporter wants the explicit-bucket histograms this aggregation makes (the default);
         `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION` may ask for exponential ones."""
-        chosen = _by_kind(self._instrument_class_aggregation).get(HISTOGRAM)
+        chosen = _by_kind(_internals.reader_choices(self)[1]).get(HISTOGRAM)
         return isinstance(chosen, (DefaultAggregation, ExplicitBucketHistogramAggregation))
 
     def _temporality(self, spec: InstrumentSpec) -> AggregationTemporality:
@@ -469,13 +469,13 @@ def _unfit(provider: Any) -> str | None:
 
     if not isinstance(provider, MeterProvider):
         return "not the SDK's MeterProvider"
-    config = getattr(provider, "_sdk_config", None)
-    readers = getattr(provider, "_metric_readers", None)
-    if config is None or readers is None or getattr(provider, "_disabled", True):
+    config = _internals.meter_provider_config(provider)
+    readers = _internals.meter_provider_readers(provider)
+    if config is None or readers is None or _internals.meter_provider_disabled(provider):
         return "a MeterProvider of a shape this version does not know, or disabled"
     if getattr(config, "views", None):
         return "views (they may rename, drop or re-bucket llmspans' instruments)"
-    configurator = getattr(provider, "_meter_configurator", None)
+    configurator = _internals.meter_configurator(provider)
     if configurator is None or getattr(configurator, "__name__", "") != "_default_meter_configurator":
         return "a meter configurator"
     if type(config.exemplar_filter).__name__ not in _EXEMPLAR_FILTERS:
@@ -483,14 +483,15 @@ def _unfit(provider: Any) -> str | None:
     if not readers:
         return "no reader"
     for reader in readers:
-        if isinstance(reader, AggregatingReader) or not callable(getattr(reader, "_collect", None)):
+        if isinstance(reader, AggregatingReader) or not callable(_internals.reader_collect(reader)):
             return "a reader that collects differently"
-        chosen = _by_kind(getattr(reader, "_instrument_class_aggregation", {}))
+        _, aggregations, limits_by_class = _internals.reader_choices(reader)
+        chosen = _by_kind(aggregations)
         if not _our_histograms(chosen.get(HISTOGRAM)) or not isinstance(
             chosen.get(COUNTER), DefaultAggregation
         ):
             return "a reader that asks for other aggregations (exponential histograms, say)"
-        limits = _by_kind(getattr(reader, "_instrument_class_cardinality_limit", {}))
+        limits = _by_kind(limits_by_class)
         if any(limits.get(kind, _SDK_DEFAULT_LIMIT) != CARDINALITY_LIMIT for kind in (HISTOGRAM, COUNTER)):
             return "a reader with other cardinality limits"
     return None
@@ -501,11 +502,10 @@ def _our_histograms(chosen: Any) -> bool:
     own (advisory) boundaries, with min and max (what the OTLP exporters ask for by default)."""
     if isinstance(chosen, DefaultAggregation):
         return True
-    return (
-        type(chosen) is ExplicitBucketHistogramAggregation
-        and getattr(chosen, "_boundaries", ()) is None
-        and getattr(chosen, "_record_min_max", False) is True
-    )
+    if type(chosen) is not ExplicitBucketHistogramAggregation:
+        return False
+    boundaries, min_max = _internals.explicit_histogram_choice(chosen)
+    return boundaries is None and min_max
 
 
 class _Fanout:
@@ -554,9 +554,9 @@ def attach(provider: Any, scope: InstrumentationScope) -> Aggregation | _Fanout 
             "llmspans: the SDK's instruments record llmspans' metrics on this MeterProvider: %s", reason
         )
         return None
-    exemplars = _EXEMPLAR_FILTERS[type(provider._sdk_config.exemplar_filter).__name__]
+    exemplars = _EXEMPLAR_FILTERS[type(_internals.meter_provider_config(provider).exemplar_filter).__name__]
     aggregations = []
-    for reader in provider._metric_readers:
+    for reader in _internals.meter_provider_readers(provider):
         aggregation = Aggregation(exemplars=exemplars)
         _hook(reader, aggregation, provider, scope)
         aggregations.append(aggregation)
@@ -567,8 +567,8 @@ def attach(provider: Any, scope: InstrumentationScope) -> Aggregation | _Fanout 
 
 
 def _hook(reader: Any, aggregation: Aggregation, provider: Any, scope: InstrumentationScope) -> None:
-    sdk_collect = reader._collect
-    temporalities = _by_kind(reader._instrument_class_temporality)
+    sdk_collect = _internals.reader_collect(reader)
+    temporalities = _by_kind(_internals.reader_choices(reader)[0])
 
     def temporality(spec: InstrumentSpec) -> AggregationTemporality:
         chosen = temporalities.get(spec.kind)
@@ -577,9 +577,11 @@ def _hook(reader: Any, aggregation: Aggregation, provider: Any, scope: Instrumen
     def collect(collecting: Any, *args: Any, **kwargs: Any) -> MetricsData | None:
         collected = sdk_collect(collecting, *args, **kwargs)
         # The provider's resource now (after a fork the SDK gives the child one of its own).
-        return merge(collected, aggregation.collect(temporality), provider._sdk_config.resource, scope)
+        return merge(
+            collected, aggregation.collect(temporality), _internals.meter_provider_resource(provider), scope
+        )
 
-    reader._collect = collect
+    _internals.set_reader_collect(reader, collect)
 
 
 def _by_kind(per_class: Mapping[type[Any], Any]) -> dict[str, Any]:

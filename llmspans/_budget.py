@@ -12,7 +12,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NamedTuple, overload
 
 from opentelemetry.trace import Span
 
@@ -35,22 +35,62 @@ class BudgetExceeded(Exception):
         self.elapsed = elapsed
 
 
-def parse_seconds(value: object, *, what: str) -> float:
-    """Turn `0.3`, `300`, `"300ms"` or `"1.6s"` into positive seconds, or say what to pass."""
-    seconds: float | None = None
-    if isinstance(value, bool):
-        seconds = None
-    elif isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
+class Percentile(NamedTuple):
+    """A percentile of recent durations, as given: `"p95"` is `Percentile("p95", 0.95)`."""
+
+    name: str
+    q: float
+
+
+class NotADuration(TypeError, ValueError):
+    """A value that is no duration at all (None, a bool, a list): a TypeError, and the ValueError that
+    budgets have always raised."""
+
+
+_PERCENTILE = re.compile(r"^\s*[pP](\d+(?:\.\d+)?)\s*$")
+
+
+@overload
+def parse_duration(value: object, *, what: str, percentiles: Literal[False] = False) -> float: ...
+@overload
+def parse_duration(value: object, *, what: str, percentiles: bool) -> float | Percentile: ...
+def parse_duration(value: object, *, what: str, percentiles: bool = False) -> float | Percentile:
+    """Positive seconds from `0.3`, `300`, `"300ms"`, `"1.6s"`, `"250us"` or `"2m"`; with `percentiles`, also
+    a percentile of recent durations from `"p50"` to `"p99.9"`. The one parser of every duration llmspans
+    takes (budgets, `Hedge(after=...)`, `TailSampling(slower_than=...)`), with one error message."""
+    if isinstance(value, str):
+        if percentiles:
+            found = _PERCENTILE.match(value)
+            if found is not None:
+                percentile = float(found.group(1))
+                if 50 <= percentile < 100:
+                    return Percentile(f"p{percentile:g}", percentile / 100)
+                raise ValueError(_duration_error(value, what, percentiles))
         match = _DURATION.match(value)
-        if match:
-            seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"] if match else None
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise NotADuration(_duration_error(value, what, percentiles))
     if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(
-            f"{what} must be a positive number of seconds (or a string like '300ms' or '1.6s'), got {value!r}"
-        )
+        raise ValueError(_duration_error(value, what, percentiles))
     return seconds
+
+
+def _duration_error(value: object, what: str, percentiles: bool) -> str:
+    if percentiles:
+        return (
+            f"{what} must be seconds or a percentile: a positive number of seconds (2.5), a duration "
+            f"('2500ms', '2.5s'), or a percentile of recent durations from p50 to p99.9 ('p95'); got {value!r}"
+        )
+    return (
+        f"{what} must be a positive number of seconds (2.5) or a duration ('2500ms', '2.5s'); got {value!r}"
+    )
+
+
+def parse_seconds(value: object, *, what: str) -> float:
+    """`parse_duration` where only a duration will do (a budget): positive seconds, or say what to pass."""
+    return parse_duration(value, what=what)
 
 
 def parse_budgets(spec: str | Mapping[str, object], *, source: str = "budgets") -> dict[str, float]:

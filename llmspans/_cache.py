@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any, TypeVar, overload
 
 from opentelemetry import context as otel_context
@@ -33,7 +33,7 @@ from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import seconds
 from llmspans._guard import swallow
-from llmspans._stages import _MISSING, _check_name, _Scope, _stage_labels, _StageSpec
+from llmspans._stages import MISSING, Scope, StageSpec, check_name, stage_labels
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,7 +45,7 @@ _LOOKUP = otel_context.create_key("llmspans-cache-lookup")  # the lookup a decor
 class CallDurations:
     """The durations of the last `WINDOW` LLM calls that completed, per model and across models.
 
-    A call hands its duration over as it finishes (`CallRecord.lever`), in whichever thread ends it; the
+    A call hands its duration over as it finishes (a `_call.Lever` of each call), in whichever thread ends it; the
     lock is held for an append or a copy, never from a finalizer (a call ended by the collector is
     finished on llmspans' worker thread).
     """
@@ -152,7 +152,7 @@ def _saved_labels(cache: str, model: str | None) -> metric.Labels:
     return metric.Labels(attributes)
 
 
-class _LookupScope(_Scope):
+class _LookupScope(Scope):
     """A stage scope that is also a lookup: at its end it writes hit or miss and the time a hit saved."""
 
     __slots__ = ("lookup",)
@@ -296,7 +296,7 @@ def _found(result: Any) -> bool:
     return result is not None
 
 
-class _CacheSpec(_StageSpec):
+class _CacheSpec(StageSpec):
     """`@llmspans.cache`: a stage of kind `cache` whose function's result says hit or miss."""
 
     scope_class = _LookupScope
@@ -338,11 +338,11 @@ def cache(func: F, /) -> F: ...
 @overload
 def cache(
     name: str | None = None, /, *, model: str | None = None, hit: Callable[[Any], object] | None = None,
-    budget: float | str | None = None, on_exceed: str = "record", fallback: Any = _MISSING,
+    budget: float | str | None = None, on_exceed: str = "record", fallback: Any = MISSING,
 ) -> Callable[[F], F]: ...  # fmt: skip
 def cache(
     func: Any = None, /, *, model: str | None = None, hit: Callable[[Any], object] | None = None,
-    budget: float | str | None = None, on_exceed: str = "record", fallback: Any = _MISSING,
+    budget: float | str | None = None, on_exceed: str = "record", fallback: Any = MISSING,
 ) -> Any:  # fmt: skip
     """Mark a cache lookup: `@llmspans.cache`, or `@llmspans.cache("semantic", model="gpt-4o-mini")`.
 
@@ -352,7 +352,7 @@ def cache(
     """
     name: str | None = None
     if isinstance(func, str) or func is None:
-        name, func = (_check_name(func, "@llmspans.cache") if func is not None else None), None
+        name, func = (check_name(func, "@llmspans.cache") if func is not None else None), None
     elif not callable(func):
         raise TypeError(f"@llmspans.cache takes a cache name or decorates a function, got {func!r}")
     _check_model(model, "@llmspans.cache")
@@ -376,7 +376,7 @@ class cache_lookup:
     """
 
     def __init__(self, name: str, *, model: str | None = None, budget: float | str | None = None) -> None:
-        self.name = _check_name(name, "llmspans.cache_lookup()")
+        self.name = check_name(name, "llmspans.cache_lookup()")
         self.model = _check_model(model, "llmspans.cache_lookup()")
         self.budget = (
             None if budget is None else _budget.parse_seconds(budget, what=f"budget for cache {name!r}")
@@ -395,7 +395,7 @@ class cache_lookup:
         lookup = CacheLookup(self.name, self.model)
         scope = _LookupScope(
             names.STAGE_CACHE, f"{names.STAGE_CACHE} {self.name}", self._attributes, self.budget,
-            _stage_labels(names.STAGE_CACHE), self._openinference_attributes, _telemetry.sinks(), lookup,
+            stage_labels(names.STAGE_CACHE), self._openinference_attributes, _telemetry.sinks(), lookup,
         )  # fmt: skip
         context_token = otel_context.attach(scope.context)
         entry = _Entry(scope, context_token)
@@ -404,27 +404,22 @@ class cache_lookup:
 
     def _exit(self, error: BaseException | None) -> None:
         entry = self._state.get(None)
-        if entry is None:
-            return
-        self._state.reset(entry.state_token)
-        otel_context.detach(entry.context_token)
-        entry.scope.finish(error)
+        if entry is not None:  # else entered by another task's copy of the context: not this block's
+            self._state.reset(entry.state_token)
+            otel_context.detach(entry.context_token)
+            entry.scope.finish(error)
 
     def __enter__(self) -> CacheLookup:
         return self._enter()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._exit(exc)
+    def __exit__(self, *exc_info: Any) -> None:
+        self._exit(exc_info[1])
 
     async def __aenter__(self) -> CacheLookup:
         return self._enter()
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._exit(exc)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self._exit(exc_info[1])
 
 
 class _Entry:

@@ -3,7 +3,8 @@
 Adapters and the transport stamp instants on it (`perf_counter_ns`, taken where the byte
 or chunk arrives); `finish()` turns them into the six buckets of DESIGN §1, which sum to
 the span's duration exactly because the span's start and end are derived from the same
-monotonic stamps. It knows nothing of any client library.
+monotonic stamps. It knows nothing of any client library. It learns of its attempts as the
+transport's `AttemptWatcher`, and tells the levers it is under (`Lever`) once it is written.
 
 What it writes depends on who will look: a span that is not recording (its trace was not
 sampled) gets no attributes and no events, while every metric still counts the call. The
@@ -33,11 +34,11 @@ from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import seconds
-from llmspans._gaps import _LINEAR as _SKETCH_LINEAR
-from llmspans._gaps import _MAX_BITS as _SKETCH_MAX_BITS
-from llmspans._gaps import _SIZE as _SKETCH_SIZE
-from llmspans._gaps import _SUB as _SKETCH_SUB
-from llmspans._gaps import _SUB_BITS as _SKETCH_SUB_BITS
+from llmspans._gaps import LINEAR as _SKETCH_LINEAR
+from llmspans._gaps import MAX_BITS as _SKETCH_MAX_BITS
+from llmspans._gaps import SIZE as _SKETCH_SIZE
+from llmspans._gaps import SUB as _SKETCH_SUB
+from llmspans._gaps import SUB_BITS as _SKETCH_SUB_BITS
 from llmspans._gaps import GapSketch
 from llmspans._guard import check_fault, guarded, report
 from llmspans._stages import TurnTotals, current_turn
@@ -56,6 +57,18 @@ _CHUNK_BUCKETS = len(_CHUNK_BOUNDS) + 1
 _SERVER_ENDED = frozenset({names.OUTCOME_ERROR, names.OUTCOME_CANCELLED})
 
 
+class Lever(Protocol):
+    """Something a call is under that acts on it or learns from it: a prompt cap's estimate, the caches'
+    window of call durations, a hedge. A call holds its levers in a tuple (`CallRecord.levers`), each
+    independent of the others: none reads, chains or replaces another, and removing one changes none.
+    What one lever learns that another may use is a fact of the call (`estimated_input_tokens`)."""
+
+    def finished(self, call: CallRecord, outcome: str, duration_ns: int) -> None:
+        """The call is over and written (its span not yet ended): add what the lever knows of it. Runs once,
+        in whichever thread ends the call, never in a finalizer (see `_deferred`); what it raises is
+        reported (`sites.CALL_FINISH`) and the other levers are told all the same."""
+
+
 class ServerState(Protocol):
     """Where a call draws the serving engine's state from (`llmspans.vllm.ServerMetrics`)."""
 
@@ -72,6 +85,14 @@ class Attempt:
     What most attempts keep as it starts out are class defaults: `__init__` runs on every attempt.
     """
 
+    # When the latest bytes of its response body arrived, and those bytes, stamped by the transport as it
+    # reads them. An SDK parses a network read into items before handing them over, so an item's true
+    # arrival is the read that completed it, not the moment we see it (`_stream`). A stream's end marker
+    # (`[DONE]`) is looked for in the last bytes when no finish reason came (`CallRecord.finish`).
+    bytes_at_ns = 0
+    last_bytes = b""
+    # What its watcher adds to its span, if it gets one (a hedge's copy says which copy it is).
+    span_attributes: Mapping[str, AttributeValue] | None = None
     connect_ns = 0
     new_connection = False
     status: int | None = None
@@ -159,9 +180,8 @@ class CallRecord:
     # The stream's own end marker came (`[DONE]`, a final Responses event): a stream that ends with
     # neither it nor any finish reason was cut short, even if its body closed cleanly. A plain
     # client's reader sets it; for the openai SDK (which reads `[DONE]` and says nothing) the
-    # transport keeps the last network read, looked at only when no finish reason came.
+    # transport keeps the last network read on the attempt, looked at only when no finish reason came.
     ended_well = False
-    last_bytes = b""
     # The SDK's own time building the request, from the app's call to the request (see
     # `_adapters/openai_entry`): before any limiter's wait, so it is `first_token`, never `queue`.
     build_ns = 0
@@ -173,15 +193,13 @@ class CallRecord:
     # What reads the response body as bytes for an adapter whose SDK will not (a raw streaming
     # response read line by line): a `_transport.BodyObserver` the transport feeds, or None.
     body_observer: Any = None
-    # When the latest bytes of the response body arrived (stamped by the transport as it reads
-    # them). An SDK parses a network read into items before handing them over, so an item's true
-    # arrival is the read that completed it, not the moment we see it.
-    bytes_at_ns = 0
     # Run once the call is over, e.g. handing a limiter slot back.
     on_release: Callable[[], None] | None = None
-    # A lever the call is under (a prompt cap's estimate, the caches' window of call durations), told
-    # once the call is written: `finished(record, outcome, duration_ns)`. None for most calls.
-    lever: Any = None
+    # The levers the call is under, each told once the call is written (`Lever`); none for most calls.
+    levers: tuple[Lever, ...] = ()
+    # The prompt's size in tokens as estimated before the call was sent (a prompt cap's), for any lever
+    # that needs it before or without the server's count.
+    estimated_input_tokens: int | None = None
     # The serving engine's sampled state (vLLM's queue, batch, KV cache): told when the call is sent
     # (`watch_server`), stamped when it ends with what the server looked like during it.
     server_state: ServerState | None = None
@@ -336,9 +354,30 @@ class CallRecord:
             found = self._context = trace.set_span_in_context(self.span)
         return found
 
-    def attempt(self, started_ns: int, method: str = "POST", url: Any = None) -> Attempt:
-        attempt = Attempt(started_ns, method, url)
+    # --- its attempts: the call as the transport's `AttemptWatcher` -------------------------------------
+
+    @property
+    def call(self) -> CallRecord:
+        """The call its attempts belong to: this one (a hedge's copy, the other kind of watcher, composes one)."""
+        return self
+
+    def attempt_started(self, attempt: Attempt, control: Any) -> None:
+        """An attempt of this call is about to be sent: it is the call's latest."""
         self.attempts.append(attempt)
+
+    def attempt_answered(self, attempt: Attempt) -> None:
+        """Its headers came: the call reads them (`attempt.status`) when it is written."""
+
+    def attempt_body_done(self, attempt: Attempt) -> None:
+        """Its body was read to its end (`attempt.body_done_ns`, read when the call is written)."""
+
+    def attempt_failed(self, attempt: Attempt, error: BaseException) -> None:
+        """It failed (`attempt.cause`): a retry's cause, or the call's error if it was the last."""
+
+    def attempt(self, started_ns: int, method: str = "POST", url: Any = None) -> Attempt:
+        """An attempt made by hand (a test, a benchmark), told as the transport tells one."""
+        attempt = Attempt(started_ns, method, url)
+        self.attempt_started(attempt, None)
         return attempt
 
     def content_chunk(self, now_ns: int, tokens: int = 1) -> None:
@@ -540,7 +579,7 @@ class CallRecord:
             and self.stream
             and not self.finish_reasons
             and not self.ended_well
-            and b"[DONE]" not in self.last_bytes
+            and not (self.attempts and b"[DONE]" in self.attempts[-1].last_bytes)
         ):
             # The body ended, but nothing said the answer was over (a server failing after its 200).
             outcome = names.OUTCOME_ERROR
@@ -559,7 +598,7 @@ class CallRecord:
             return
         _open_calls.discard(self)
         try:
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.CALL_FINISH)
             self._write(outcome, error, released)
         except Exception as failure:  # what @guarded does, without its extra frame on every call
@@ -604,8 +643,11 @@ class CallRecord:
         self._record_metrics(buckets, duration_ns, exceeded)
         if self.turn is not None:
             self.turn.add(names.STAGE_LLM, duration_ns)
-        if self.lever is not None:
-            self.lever.finished(self, outcome, duration_ns)
+        for lever in self.levers:
+            try:  # each lever on its own: one that fails leaves the others told
+                lever.finished(self, outcome, duration_ns)
+            except Exception as failure:
+                report(sites.CALL_FINISH, failure)
 
     def _write_span(self, outcome: str, buckets: tuple[int, ...], final_status: int | None) -> None:
         """The call span's attributes and events; only for a span that records (docs/telemetry.md lists
@@ -702,7 +744,7 @@ class CallRecord:
         return (tokens - 1) / seconds(stream_ns)
 
     def _record_metrics(self, buckets: tuple[int, ...], duration_ns: int, exceeded: bool) -> None:
-        """The call's values, in the order of its `CallMetrics` (`_CallShape.call_metrics`): the six
+        """The call's values, in the order of its `CallMetrics` (`CallShape.call_metrics`): the six
         buckets' and the duration's always, the others (`_HAS_...`) where the call has them."""
         shape = self.shape
         duration = duration_ns / 1e9  # `seconds`, inlined
@@ -776,7 +818,7 @@ _HAS_INPUT_TOKENS, _HAS_OUTPUT_TOKENS, _HAS_FIRST_CHUNK, _HAS_SPEED, _HAS_NEW_CO
 _KEPT = 256  # distinct call shapes (and result variants of one shape) cached at once
 
 
-class _CallShape:
+class CallShape:
     """What every call of one shape (operation, model, provider, server, lane) shares, built once.
 
     The span's name and opening attributes and the attribute sets its metrics are recorded
@@ -813,7 +855,7 @@ class _CallShape:
         self._metrics: dict[tuple[str | None, str | None, int], metric.CallMetrics] = {}
         self._chunks: dict[str | None, metric.Labels] = {}
         self._retries: dict[str, metric.Labels] = {}
-        self._lanes: dict[str, _CallShape] = {}
+        self._lanes: dict[str, CallShape] = {}
 
     def result_labels(self, response_model: str | None, error_type: str | None) -> tuple[metric.Labels, ...]:
         """The attribute sets of the duration and token metrics: common, input tokens, output tokens."""
@@ -884,12 +926,12 @@ class _CallShape:
             self._retries[cause] = found
         return found
 
-    def in_lane(self, lane: str) -> _CallShape:
+    def in_lane(self, lane: str) -> CallShape:
         """The same shape admitted by the limiter `lane`: its metrics carry the lane's name."""
         found = self._lanes.get(lane)
         if found is None:
             metric_attributes = {**self.metric_labels.attributes, names.LIMITER_NAME: lane}
-            found = _CallShape(self.span_name, self.span_attributes, metric_attributes)
+            found = CallShape(self.span_name, self.span_attributes, metric_attributes)
             if len(self._lanes) >= _KEPT:
                 self._lanes.clear()
             self._lanes[lane] = found
@@ -899,7 +941,7 @@ class _CallShape:
 def _new_shape(
     operation: str, model: str | None, provider: str, stream: bool, server_address: str | None,
     server_port: int | None,
-) -> _CallShape:  # fmt: skip
+) -> CallShape:  # fmt: skip
     span_attributes: dict[str, AttributeValue] = {
         names.GEN_AI_OPERATION_NAME: operation,
         names.GEN_AI_PROVIDER_NAME: provider,
@@ -920,16 +962,16 @@ def _new_shape(
     if server_port:
         span_attributes[names.SERVER_PORT] = server_port
         metric_attributes[names.SERVER_PORT] = server_port
-    return _CallShape(f"{operation} {model}" if model else operation, span_attributes, metric_attributes)
+    return CallShape(f"{operation} {model}" if model else operation, span_attributes, metric_attributes)
 
 
-_shapes: dict[tuple[Any, ...], _CallShape] = {}
+_shapes: dict[tuple[Any, ...], CallShape] = {}
 
 
 def _shape_of(
     operation: str, model: str | None, provider: str, stream: bool, server_address: str | None,
     server_port: int | None,
-) -> _CallShape:  # fmt: skip
+) -> CallShape:  # fmt: skip
     key = (operation, model, provider, stream, server_address, server_port)
     try:
         shape = _shapes.get(key)

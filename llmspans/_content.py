@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Union
 
-from llmspans import _conversation
+from llmspans import _conversation, _internals
 from llmspans import _names as names
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def limit(record: CallRecord) -> int:
     """The most characters one content attribute may hold on this call's span: `MAX_CONTENT_CHARS`, or
     the tracer provider's attribute value length limit when that is lower (`SpanLimits`, or
     `OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`), which would otherwise cut the JSON text mid-way."""
-    configured = getattr(getattr(record.span, "_limits", None), "max_span_attribute_length", None)
+    configured = _internals.span_attribute_length_limit(record.span)
     if (
         isinstance(configured, int)
         and not isinstance(configured, bool)

@@ -42,6 +42,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.util.re import parse_env_headers
 
+from llmspans import _internals
 from llmspans._redact import url_for_log
 
 logger = logging.getLogger("llmspans")
@@ -367,10 +368,8 @@ class _GuardedMetricExporter(MetricExporter):
 
     def __init__(self, inner: MetricExporter, health: ExportHealth, spans: ExportHealth | None) -> None:
         # The reader asks its exporter for the temporality and aggregation it wants: pass the inner one's on.
-        super().__init__(
-            preferred_temporality=inner._preferred_temporality,
-            preferred_aggregation=inner._preferred_aggregation,
-        )
+        temporality, aggregation = _internals.exporter_preferences(inner)
+        super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
         self._inner = inner
         self.health = health
         self._spans = spans
@@ -427,11 +426,11 @@ class _CountingSpanProcessor(BatchSpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
-            batch = self._batch_processor
-            queue = batch._queue
             # A full queue (or a shut one) is rare: the span's flags are read only then.
-            if (len(queue) == queue.maxlen or batch._shutdown) and (
-                span.context is not None and span.context.trace_flags.sampled
+            if (
+                _internals.batch_queue_full(self)
+                and span.context is not None
+                and span.context.trace_flags.sampled
             ):
                 self._health.skipped(1)
         except Exception:  # counting must never stop a span from being queued
@@ -597,9 +596,7 @@ def file_exporters(path: Path) -> tuple[SpanExporter, MetricExporter]:
     def after_fork_in_child() -> None:
         line_stream.after_fork_in_child()
         for exporter in (span_exporter, metric_exporter):  # the official exporter's own lock, likewise
-            inner = getattr(exporter, "_exporter", None)
-            if inner is not None and hasattr(inner, "_lock"):
-                inner._lock = threading.Lock()
+            _internals.reset_exporter_lock(exporter)
 
     os.register_at_fork(after_in_child=after_fork_in_child)
     return span_exporter, metric_exporter

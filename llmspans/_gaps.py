@@ -11,31 +11,32 @@ from __future__ import annotations
 from bisect import bisect_left
 from itertools import accumulate
 
-_SUB_BITS = 3
-_SUB = 1 << _SUB_BITS  # sub-buckets per octave
-_LINEAR = _SUB * 2  # values below this are counted exactly
-_MAX_BITS = 48  # ~78 hours in nanoseconds; longer gaps land in the last bucket
-_SIZE = _LINEAR + (_MAX_BITS - _SUB_BITS - 1) * _SUB
+# The sketch's layout: public, for the copy of `GapSketch.add` inlined in `CallRecord.content_chunk`.
+SUB_BITS = 3
+SUB = 1 << SUB_BITS  # sub-buckets per octave
+LINEAR = SUB * 2  # values below this are counted exactly
+MAX_BITS = 48  # ~78 hours in nanoseconds; longer gaps land in the last bucket
+SIZE = LINEAR + (MAX_BITS - SUB_BITS - 1) * SUB
 
 
 def bucket_index(value_ns: int) -> int:
     """Index of the bucket holding `value_ns`; kept in sync with the inlined copies in `GapSketch.add` and
     `CallRecord.content_chunk` (tests/test_gaps.py checks all three agree)."""
     bits = value_ns.bit_length()
-    if bits <= _SUB_BITS + 1:
+    if bits <= SUB_BITS + 1:
         return value_ns
-    if bits > _MAX_BITS:
-        return _SIZE - 1
-    return _LINEAR + (bits - _SUB_BITS - 2) * _SUB + ((value_ns >> (bits - _SUB_BITS - 1)) & (_SUB - 1))
+    if bits > MAX_BITS:
+        return SIZE - 1
+    return LINEAR + (bits - SUB_BITS - 2) * SUB + ((value_ns >> (bits - SUB_BITS - 1)) & (SUB - 1))
 
 
 def bucket_bounds(index: int) -> tuple[int, int]:
     """The [low, high) nanosecond range a bucket covers."""
-    if index < _LINEAR:
+    if index < LINEAR:
         return index, index + 1
-    octave, sub = divmod(index - _LINEAR, _SUB)
+    octave, sub = divmod(index - LINEAR, SUB)
     shift = octave + 1
-    low = (_SUB + sub) << shift
+    low = (SUB + sub) << shift
     return low, low + (1 << shift)
 
 
@@ -45,7 +46,7 @@ class GapSketch:
     __slots__ = ("count", "counts", "max_ns")
 
     def __init__(self) -> None:
-        self.counts = [0] * _SIZE
+        self.counts = [0] * SIZE
         self.count = 0
         self.max_ns = 0
 
@@ -54,15 +55,15 @@ class GapSketch:
         if gap_ns > self.max_ns:
             self.max_ns = gap_ns
         self.count += 1
-        if gap_ns < _LINEAR:
+        if gap_ns < LINEAR:
             self.counts[gap_ns if gap_ns > 0 else 0] += 1
             return
         bits = gap_ns.bit_length()
-        if bits > _MAX_BITS:
-            self.counts[_SIZE - 1] += 1
+        if bits > MAX_BITS:
+            self.counts[SIZE - 1] += 1
             return
-        shift = bits - _SUB_BITS - 1
-        self.counts[_LINEAR + (shift - 1) * _SUB + ((gap_ns >> shift) & (_SUB - 1))] += 1
+        shift = bits - SUB_BITS - 1
+        self.counts[LINEAR + (shift - 1) * SUB + ((gap_ns >> shift) & (SUB - 1))] += 1
 
     def quantile_ns(self, q: float) -> int:
         """The `q` quantile (0 < q <= 1), as the middle of its bucket, capped at the maximum."""

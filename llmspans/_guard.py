@@ -2,7 +2,7 @@
 
 Every hook llmspans runs inside a user's call goes through `guarded` or `swallow`, so an
 internal error is logged once per site and never reaches the application. A test switch
-(`_fault`) makes a named site raise, to prove the firewall holds.
+(`faults`) makes a named site raise, to prove the firewall holds.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ D = TypeVar("D")
 
 _reported: set[str] = set()
 _reported_lock = threading.Lock()
-_faults: set[str] = set()
-"""The sites a test made fail; empty otherwise, so `if _guard._faults: check_fault(site)` costs the request
+faults: set[str] = set()
+"""The sites a test made fail; empty otherwise, so `if _guard.faults: check_fault(site)` costs the request
 path one lookup (read through the module: a test may swap the set for one that counts)."""
 
 
@@ -57,7 +57,7 @@ def forget_reported() -> None:
 
 def check_fault(site: str) -> None:
     """Raise at `site` when a test asked for it; a set lookup otherwise."""
-    if _faults and site in _faults:
+    if faults and site in faults:
         raise InjectedFault(site)
 
 
@@ -68,7 +68,7 @@ def guarded(site: str, default: D) -> Callable[[Callable[P, R]], Callable[P, R |
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | D:
             try:
-                if _faults and site in _faults:  # `check_fault`, inlined: this runs on every call
+                if faults and site in faults:  # `check_fault`, inlined: this runs on every call
                     raise InjectedFault(site)
                 return func(*args, **kwargs)
             except Deliberate:
@@ -100,7 +100,7 @@ class swallow:
         self, exc_type: type[BaseException] | None, error: BaseException | None, _tb: object
     ) -> bool:
         if error is None:
-            if not (_faults and self.site in _faults):
+            if not (faults and self.site in faults):
                 return False
             error = InjectedFault(self.site)  # after the block, as a failure of the block would be
         elif not isinstance(error, Exception):
@@ -112,9 +112,9 @@ class swallow:
 @contextmanager
 def inject_faults(*sites: str) -> Iterator[None]:
     """Make the named internal sites raise inside the block (for fault-injection tests)."""
-    _faults.update(sites)
+    faults.update(sites)
     forget_reported()
     try:
         yield
     finally:
-        _faults.difference_update(sites)
+        faults.difference_update(sites)

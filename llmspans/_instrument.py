@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -212,15 +213,12 @@ def instrument_all(*, httpx: bool = False, **settings: Any) -> list[type]:
     if httpx:
         wanted += [("httpx", ("Client", "AsyncClient")), ("httpx2", ("Client", "AsyncClient"))]
     for module_name, class_names in wanted:
-        try:
+        with contextlib.suppress(ImportError):  # a library not installed: nothing of it to instrument
             module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        for class_name in class_names:
-            cls = getattr(module, class_name, None)
-            if isinstance(cls, type):
-                instrument(cls, **settings)
-                classes.append(cls)
+            for cls in (getattr(module, class_name, None) for class_name in class_names):
+                if isinstance(cls, type):
+                    instrument(cls, **settings)
+                    classes.append(cls)
     return classes
 
 

@@ -175,7 +175,7 @@ Record = tuple[InstrumentSpec, float, Labels]
 
 class CallMetrics:
     """The metric series one kind of call records into, in a fixed order, built once per call shape and
-    result (`_call._CallShape.result`) and shared by every call of it.
+    result (`_call.CallShape.result`) and shared by every call of it.
 
     A call hands its values in the same order, one for each member, so a recorder can resolve each
     series once per kind of call, not once per value (`Recorder.add_call`). An instance is a key by
@@ -301,7 +301,7 @@ def _vllm_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]
         vllm = sys.modules.get("llmspans.vllm")
         if vllm is None:
             return []
-        readings = vllm._fresh_readings()
+        readings = vllm.fresh_readings()
         return [Observation(value, attributes) for sample, attributes in readings
                 if (value := getattr(sample, field)) is not None]  # fmt: skip
 

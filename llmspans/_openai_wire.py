@@ -24,9 +24,13 @@ __all__ = [
     "RESPONSES_DELTAS",
     "RESPONSES_FINISH",
     "ChunkInfo",
+    "carries_tokens",
+    "choice_carries_tokens",
     "classify",
     "classify_json_body",
     "classify_payload",
+    "compact_carries_tokens",
+    "event_carries_tokens",
     "fields",
     "load",
     "operation_for",
@@ -199,6 +203,107 @@ _RESPONSES_FINAL = frozenset({"response.completed", "response.incomplete", "resp
 RESPONSES_FINISH = {"completed": "stop", "incomplete": "length", "failed": "error"}
 
 
+# --- does a chunk carry tokens: the one rule -----------------------------------------------------------
+
+# A choice carries generated tokens when its `text`, or its delta's (a whole message's) `content`, `refusal`,
+# `reasoning_content` (DeepSeek) or `reasoning` (vLLM) is a non-empty string, or its `tool_calls` a non-empty
+# list; a Responses event when it is one of `RESPONSES_DELTAS` with a non-empty `delta`. Every reader of a
+# stream applies it through the functions below: the adapters, the hedge, the load tool.
+_TOKEN_TEXTS = ("content", "refusal", "reasoning_content", "reasoning")
+
+
+def carries_tokens(chunk: Any) -> bool:
+    """Whether a streamed chunk carries generated tokens: a chat or completions chunk or a Responses event, as
+    an SDK object or decoded JSON."""
+    obj = _said(chunk)
+    kind = obj.get("type")
+    if isinstance(kind, str):
+        return kind in RESPONSES_DELTAS and _text(obj.get("delta")) is not None
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if choice_carries_tokens(choice):
+                return True
+    return False
+
+
+def choice_carries_tokens(choice: Any) -> bool:
+    """`carries_tokens` for one choice of a chunk (or of a whole response), an SDK object or decoded JSON. On a
+    stream's per-chunk path: plain look-ups, no helper per field."""
+    found = _said(choice)
+    text = found.get("text")
+    if text and isinstance(text, str):
+        return True
+    message = found.get("delta")
+    if message is None:
+        message = found.get("message")
+        if message is None:
+            return False
+    said = _said(message)
+    tool_calls = said.get("tool_calls")
+    if tool_calls and isinstance(tool_calls, list):
+        return True
+    for key in _TOKEN_TEXTS:
+        value = said.get(key)
+        if value and isinstance(value, str):
+            return True
+    extra = getattr(message, "__pydantic_extra__", None)  # what an SDK's types do not declare (`reasoning`)
+    if extra:
+        for key in _TOKEN_TEXTS:
+            value = extra.get(key)
+            if value and isinstance(value, str):
+                return True
+    return False
+
+
+def _said(obj: Any) -> Mapping[str, Any]:
+    """`fields`, with the two usual cases first: decoded JSON, and an SDK model's own attributes."""
+    if type(obj) is dict:
+        return obj
+    found = getattr(obj, "__dict__", None)
+    return found if type(found) is dict else fields(obj)
+
+
+_UNFINISHED = '"finish_reason":null'
+_USAGE = '"usage":{'
+_INDEX = '"index":'
+_TOOL_CALLS = '"tool_calls":['
+_OPENED = tuple(f'"{key}":"' for key in ("text", *_TOKEN_TEXTS))  # a string field opened, maybe empty
+_COMPACT: dict[type, tuple[Any, ...]] = {  # each key as the data's own type: str or bytes
+    str: (_UNFINISHED, _USAGE, _INDEX, _TOOL_CALLS, _OPENED, '"', "{"),
+    bytes: (
+        _UNFINISHED.encode(), _USAGE.encode(), _INDEX.encode(), _TOOL_CALLS.encode(),
+        tuple(key.encode() for key in _OPENED), b'"', b"{",
+    ),
+}  # fmt: skip
+
+
+def compact_carries_tokens(data: str | bytes) -> bool | None:
+    """`carries_tokens` read off one event's data as compact JSON text (str or bytes), without decoding it:
+    for a mid-stream chat or completions chunk (one choice, unfinished, no usage); None for any other data,
+    which only decoding can tell. In compact JSON a key and its opening quote cannot occur inside a string
+    (quotes there are escaped)."""
+    unfinished, usage, index, tool_calls, opened, quote, brace = _COMPACT[type(data)]
+    if not data.startswith(brace) or unfinished not in data or usage in data or data.count(index) != 1:
+        return None
+    for key in opened:
+        at = data.find(key)
+        if at >= 0:
+            after = data[at + len(key) : at + len(key) + 1]
+            if after and after != quote:  # a non-empty string
+                return True
+    return tool_calls in data
+
+
+def event_carries_tokens(data: str | bytes) -> bool:
+    """`carries_tokens` for one event's data as it came (decoded only where the compact read cannot tell)."""
+    found = compact_carries_tokens(data)
+    if found is None:
+        obj = load(data)
+        found = obj is not None and carries_tokens(obj)
+    return found
+
+
 def classify(event_name: str | None, data: str) -> ChunkInfo | None:
     """Describe one SSE event's data; None when it is neither `[DONE]` nor a JSON object.
 
@@ -302,22 +407,7 @@ def _completion(obj: Mapping[str, Any]) -> ChunkInfo:
                 info.finish_reasons.append(reason)
                 index = choice.get("index")
                 info.finish_indexes.append(index if type(index) is int else len(info.finish_indexes))
-            if _text(choice.get("text")) is not None:
-                info.content = True
-            message = choice.get("delta")
-            if message is None:
-                message = choice.get("message")
-            message = fields(message)
-            if not message:
-                continue
-            tool_calls = message.get("tool_calls")
-            if (
-                _text(message.get("content"))
-                or _text(message.get("refusal"))
-                or (isinstance(tool_calls, list) and tool_calls)
-                or _text(message.get("reasoning_content"))
-                or _text(message.get("reasoning"))
-            ):
+            if not info.content and choice_carries_tokens(choice):
                 info.content = True
     _read_usage(obj.get("usage"), info)
     return info
@@ -326,8 +416,7 @@ def _completion(obj: Mapping[str, Any]) -> ChunkInfo:
 def _responses_event(kind: str, obj: Mapping[str, Any]) -> ChunkInfo:
     info = ChunkInfo()
     if kind in RESPONSES_DELTAS:
-        if _text(obj.get("delta")) is not None:
-            info.content = True
+        info.content = _text(obj.get("delta")) is not None  # `carries_tokens`, the kind already known
         return info
     if kind == "error":
         info.error = True

@@ -29,11 +29,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmspans import _cache, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans import _sites as sites
-from llmspans._call import CallRecord, _CallShape
+from llmspans import _telemetry
+from llmspans._call import CallRecord, CallShape
 from llmspans._guard import Deliberate, guarded, report
 
 logger = logging.getLogger("llmspans")
@@ -65,10 +65,8 @@ class PromptTooLarge(Deliberate, ValueError):
             f"{max_prompt_tokens}{for_model}: nothing was sent; shorten the prompt, raise the cap, or instrument "
             f"with on_exceed='record' to send it anyway"
         )
-        self.estimated_tokens = estimated_tokens
-        self.max_prompt_tokens = max_prompt_tokens
-        self.estimator = estimator
-        self.model = model
+        self.estimated_tokens, self.max_prompt_tokens = estimated_tokens, max_prompt_tokens
+        self.estimator, self.model = estimator, model
 
 
 # --- what a prompt says ----------------------------------------------------------------------------------
@@ -432,7 +430,8 @@ class PromptCap:
         estimated = estimator.count(texts) + tokens
         over = estimated > self.max_tokens
         record.shape = capped_shape(record.shape, over)
-        record.lever = PromptEstimate(estimated, estimator.name)
+        record.estimated_input_tokens = estimated
+        record.levers += (PromptEstimate(estimated, estimator.name),)
         if record.recording:
             record.span.set_attributes(
                 {
@@ -447,16 +446,16 @@ class PromptCap:
         return None
 
 
-_variants: dict[tuple[_CallShape, bool], _CallShape] = {}
+_variants: dict[tuple[CallShape, bool], CallShape] = {}
 
 
-def capped_shape(shape: _CallShape, over: bool) -> _CallShape:
+def capped_shape(shape: CallShape, over: bool) -> CallShape:
     """The call's shape with `llmspans.prompt.over_cap` among its metric attributes, built once per shape."""
     key = (shape, over)
     found = _variants.get(key)
     if found is None:
         attributes = {**shape.metric_labels.attributes, names.PROMPT_OVER_CAP: over}
-        found = _CallShape(shape.span_name, shape.span_attributes, attributes)
+        found = CallShape(shape.span_name, shape.span_attributes, attributes)
         if len(_variants) >= _KEPT:
             _variants.clear()
         _variants[key] = found
@@ -467,7 +466,7 @@ _ratio_labels: dict[tuple[str, str], metric.Labels] = {}
 _RATIO_KEYS = (names.GEN_AI_OPERATION_NAME, names.GEN_AI_PROVIDER_NAME, names.GEN_AI_REQUEST_MODEL)
 
 
-def _ratio_labels_of(shape: _CallShape, estimator: str) -> metric.Labels:
+def _ratio_labels_of(shape: CallShape, estimator: str) -> metric.Labels:
     key = (shape.metric_labels.key, estimator)
     found = _ratio_labels.get(key)
     if found is None:
@@ -482,7 +481,7 @@ def _ratio_labels_of(shape: _CallShape, estimator: str) -> metric.Labels:
 
 
 class PromptEstimate:
-    """A capped call's estimate, compared with the server's count once the call is over (`CallRecord.lever`)."""
+    """A capped call's estimate, compared with the server's count once the call is over (a `_call.Lever`)."""
 
     __slots__ = ("estimated", "estimator")
 
@@ -490,14 +489,8 @@ class PromptEstimate:
         self.estimated = estimated
         self.estimator = estimator
 
-    def finished(self, record: CallRecord, outcome: str, duration_ns: int) -> None:
-        self._compare(record)
-        durations = _cache.durations
-        if durations is not None:  # a cache's hits are measured against calls like this one
-            durations.finished(record, outcome, duration_ns)
-
     @guarded(sites.PROMPT_COMPARE, None)
-    def _compare(self, record: CallRecord) -> None:
+    def finished(self, record: CallRecord, outcome: str, duration_ns: int) -> None:
         reported = record.input_tokens
         if not reported:
             return

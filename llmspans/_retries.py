@@ -103,3 +103,12 @@ def retry_after_seconds(headers: object) -> float | None:
             except ValueError:
                 continue
     return None
+
+
+def give_up() -> None:
+    """The caller will not retry the call held in this thread or task (its last attempt failed, and it sends
+    no more): the call ends now, where its failed attempt ended, not after the wait for a retry."""
+    held = _held.get()
+    if held is not None:
+        _held.set(None)
+        held._give_up()

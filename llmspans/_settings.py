@@ -104,8 +104,9 @@ class Settings:
         cap = self.prompt_cap
         if cap is not None:
             cap.apply(record, body)  # raises PromptTooLarge (the call ended) for a prompt it refuses
-        elif _cache.durations is not None:
-            record.lever = _cache.durations  # a cache's hits are measured against calls like this one
+        durations = _cache.durations
+        if durations is not None:  # a cache's hits are measured against calls like this one
+            record.levers += (durations,)
         sampler = self.server_metrics
         if sampler is not None:
             record.server_state = sampler

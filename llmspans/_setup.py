@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from llmspans import _budget, _call, _content, _openinference, _phases, _telemetry, _transport
+from llmspans import _budget, _call, _content, _internals, _openinference, _phases, _telemetry, _transport
 from llmspans import _exporters as exporters
 from llmspans import _names as names
 from llmspans._aggregation import AggregatingReader, Aggregation, exemplar_filter
@@ -417,11 +417,13 @@ def _forget_metrics_in_a_forked_child(
         try:
             # The provider gave itself a resource of the child's (a new service.instance.id) in its
             # own fork handler, which ran before this one: our points go out on it too.
-            reader.use_resource(current_provider._sdk_config.resource)
-            consumer = current_provider._measurement_consumer
-            consumer._lock = threading.Lock()  # a fork during a collection leaves it held
-            consumer.remove_metric_reader(reader)
-            consumer.add_metric_reader(reader)  # fresh storage: no points, start times from now
+            resource = _internals.meter_provider_resource(current_provider)
+            if resource is not None:
+                reader.use_resource(resource)
+            if resource is None or not _internals.reset_reader_storage(current_provider, reader):
+                logger.debug(
+                    "llmspans: the MeterProvider's parts moved; the child keeps the SDK's metric state"
+                )
         except Exception:
             logger.debug("llmspans: could not reset metric state after fork", exc_info=True)
 

@@ -57,6 +57,7 @@ TRANSPORT_READ_BODY: Final = "transport.read_body"
 TRANSPORT_RESPONSE: Final = "transport.response"
 TRANSPORT_SPAN_END: Final = "transport.span_end"
 TRANSPORT_TRACE: Final = "transport.trace"
+TRANSPORT_WATCHER: Final = "transport.watcher"  # telling an attempt's watcher it was answered, read or failed
 TRANSPORT_WRAP_BODY: Final = "transport.wrap_body"
 TURN_FINISH: Final = "turn.finish"
 TURN_SPAN_END: Final = "turn.span_end"
@@ -111,6 +112,7 @@ ALL: Final = frozenset(
         TRANSPORT_RESPONSE,
         TRANSPORT_SPAN_END,
         TRANSPORT_TRACE,
+        TRANSPORT_WATCHER,
         TRANSPORT_WRAP_BODY,
         TURN_FINISH,
         TURN_SPAN_END,

@@ -36,7 +36,9 @@ from llmspans._budget import seconds
 from llmspans._guard import check_fault, guarded, report
 
 F = TypeVar("F", bound=Callable[..., Any])
-_MISSING: Any = object()
+MISSING: Any = object()
+"""No `fallback=` given. It, `check_name`, `stage_labels`, `Scope` and `StageSpec` are how another kind of
+stage (a cache lookup: `_cache`) is built on this one: it subclasses the scope and the spec."""
 
 
 class TurnTotals:
@@ -59,12 +61,12 @@ current_turn: contextvars.ContextVar[TurnTotals | None] = contextvars.ContextVar
 
 
 @functools.lru_cache(maxsize=256)
-def _stage_labels(stage: str) -> metric.Labels:
+def stage_labels(stage: str) -> metric.Labels:
     """The metric attributes of a stage name, built once."""
     return metric.Labels({names.STAGE: stage})
 
 
-_TURN_LABELS = _stage_labels(names.STAGE_TURN)
+_TURN_LABELS = stage_labels(names.STAGE_TURN)
 
 
 def _record_exception(span: Span, error: BaseException) -> None:
@@ -74,7 +76,7 @@ def _record_exception(span: Span, error: BaseException) -> None:
     span.set_attribute(names.ERROR_TYPE, type(error).__qualname__)
 
 
-class _Scope:
+class Scope:
     """One stage execution: starts its span, and on finish writes budget, totals and metrics once."""
 
     __slots__ = (
@@ -119,7 +121,7 @@ class _Scope:
         self.done = True
         elapsed_ns = (at_ns if at_ns is not None else time.perf_counter_ns()) - self.started_ns
         try:
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.STAGE_FINISH)
             if not self.suppressed:
                 self._write(elapsed_ns, error, cut)
@@ -208,10 +210,10 @@ def stage_span_name(stage: str, qualname: str) -> str:
     return f"{stage} {qualname}"
 
 
-class _StageSpec:
-    """What a decorator was asked for; builds one `_Scope` (or `scope_class`) per call."""
+class StageSpec:
+    """What a decorator was asked for; builds one `Scope` (or `scope_class`) per call."""
 
-    scope_class: type[_Scope] = _Scope
+    scope_class: type[Scope] = Scope
 
     def __init__(
         self,
@@ -271,7 +273,7 @@ class _StageSpec:
             span_name,
             MappingProxyType(attributes),
             self.budget,
-            _stage_labels(self.stage),
+            stage_labels(self.stage),
             MappingProxyType(openinference_attributes),
         )
 
@@ -286,7 +288,7 @@ class _StageSpec:
         return functools.wraps(func)(_sync_wrapper(func, scope))  # type: ignore[return-value]
 
 
-def _sync_wrapper(func: Callable[..., Any], scope: Callable[..., _Scope]) -> Callable[..., Any]:
+def _sync_wrapper(func: Callable[..., Any], scope: Callable[..., Scope]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         sinks = _telemetry.sinks()
         if sinks is None:  # nothing listens: nothing to time
@@ -306,7 +308,7 @@ def _sync_wrapper(func: Callable[..., Any], scope: Callable[..., _Scope]) -> Cal
     return wrapper
 
 
-def _async_wrapper(func: Callable[..., Any], scope: Callable[..., _Scope]) -> Callable[..., Any]:
+def _async_wrapper(func: Callable[..., Any], scope: Callable[..., Scope]) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         sinks = _telemetry.sinks()
         if sinks is None:  # nothing listens: nothing to time
@@ -327,7 +329,7 @@ def _async_wrapper(func: Callable[..., Any], scope: Callable[..., _Scope]) -> Ca
 
 
 def _cancelling_wrapper(
-    func: Callable[..., Any], scope: Callable[..., _Scope], spec: _StageSpec
+    func: Callable[..., Any], scope: Callable[..., Scope], spec: StageSpec
 ) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         current = scope(_telemetry.sinks())
@@ -346,7 +348,7 @@ def _cancelling_wrapper(
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
                     elapsed = seconds(time.perf_counter_ns() - current.started_ns)
-                    if spec.fallback is not _MISSING:
+                    if spec.fallback is not MISSING:
                         current.finish(cut=True)
                         return spec.fallback
                     error = _budget.BudgetExceeded(spec.stage, budget, elapsed)
@@ -367,7 +369,7 @@ def _cancelling_wrapper(
 
 
 def _gen_wrapper(
-    func: Callable[..., Generator[Any, Any, Any]], scope: Callable[..., _Scope]
+    func: Callable[..., Generator[Any, Any, Any]], scope: Callable[..., Scope]
 ) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
         _deferred.start_worker()  # before a collected generator can need it
@@ -409,7 +411,7 @@ def _gen_wrapper(
 
 
 def _async_gen_wrapper(
-    func: Callable[..., AsyncGenerator[Any, Any]], scope: Callable[..., _Scope]
+    func: Callable[..., AsyncGenerator[Any, Any]], scope: Callable[..., Scope]
 ) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         _deferred.start_worker()  # before a collected generator can need it
@@ -453,24 +455,25 @@ def _async_gen_wrapper(
 # --- public decorators ----------------------------------------------------------------------
 
 
-def _check_name(name: object, what: str) -> str:
+def check_name(name: object, what: str) -> str:
+    """A stage's name as given, or a TypeError that says what `what` needs."""
     if not isinstance(name, str) or not name.strip():
         raise TypeError(f"{what} needs a stage name, e.g. @llmspans.stage('rerank'); got {name!r}")
     return name
 
 
-def _spec(stage: str, budget: object, on_exceed: object, fallback: Any, **extra: Any) -> _StageSpec:
+def _spec(stage: str, budget: object, on_exceed: object, fallback: Any, **extra: Any) -> StageSpec:
     seconds = None if budget is None else _budget.parse_seconds(budget, what=f"budget for {stage!r}")
-    return _StageSpec(stage, seconds, _budget.check_on_exceed(on_exceed), fallback, **extra)
+    return StageSpec(stage, seconds, _budget.check_on_exceed(on_exceed), fallback, **extra)
 
 
 def stage(
-    name: str, *, budget: float | str | None = None, on_exceed: str = "record", fallback: Any = _MISSING
+    name: str, *, budget: float | str | None = None, on_exceed: str = "record", fallback: Any = MISSING
 ) -> Callable[[F], F]:
     """Mark a function as a stage of the app: `@llmspans.stage("rerank", budget=0.1)`."""
     if callable(name) and not isinstance(name, str):
         raise TypeError("@llmspans.stage needs a name: write @llmspans.stage('rerank'), not @llmspans.stage")
-    spec = _spec(_check_name(name, "@llmspans.stage"), budget, on_exceed, fallback)
+    spec = _spec(check_name(name, "@llmspans.stage"), budget, on_exceed, fallback)
     return spec.wrap
 
 
@@ -478,11 +481,11 @@ def stage(
 def retrieval(func: F, /) -> F: ...
 @overload
 def retrieval(
-    *, budget: float | str | None = None, on_exceed: str = "record", fallback: Any = _MISSING,
+    *, budget: float | str | None = None, on_exceed: str = "record", fallback: Any = MISSING,
     data_source: str | None = None,
 ) -> Callable[[F], F]: ...  # fmt: skip
 def retrieval(
-    func: Any = None, /, *, budget: float | str | None = None, on_exceed: str = "record", fallback: Any = _MISSING,
+    func: Any = None, /, *, budget: float | str | None = None, on_exceed: str = "record", fallback: Any = MISSING,
     data_source: str | None = None,
 ) -> Any:  # fmt: skip
     """Mark a retrieval step (the GenAI `retrieval` operation); bare or with arguments."""
@@ -498,15 +501,15 @@ def tool(func: F, /) -> F: ...
 @overload
 def tool(
     *, name: str | None = None, budget: float | str | None = None, on_exceed: str = "record",
-    fallback: Any = _MISSING,
+    fallback: Any = MISSING,
 ) -> Callable[[F], F]: ...  # fmt: skip
 def tool(
     func: Any = None, /, *, name: str | None = None, budget: float | str | None = None, on_exceed: str = "record",
-    fallback: Any = _MISSING,
+    fallback: Any = MISSING,
 ) -> Any:  # fmt: skip
     """Mark a tool the model can call (`execute_tool {name}`); bare or with arguments."""
     if name is not None:
-        _check_name(name, "@llmspans.tool(name=...)")
+        check_name(name, "@llmspans.tool(name=...)")
     spec = _spec(
         names.STAGE_TOOL, budget, on_exceed, fallback, operation=names.OPERATION_EXECUTE_TOOL, tool_name=name
     )
@@ -546,7 +549,7 @@ class turn:
     """The root span of one interaction, as a sync or async context manager or a decorator."""
 
     def __init__(self, name: str = "turn", *, budget: float | str | None = None) -> None:
-        self.name = _check_name(name, "llmspans.turn()")
+        self.name = check_name(name, "llmspans.turn()")
         self.budget = (
             None if budget is None else _budget.parse_seconds(budget, what=f"budget for turn {name!r}")
         )

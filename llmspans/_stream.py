@@ -22,7 +22,7 @@ import wrapt
 from llmspans import _deferred
 from llmspans import _names as names
 from llmspans import _sites as sites
-from llmspans._call import CallRecord
+from llmspans._call import Attempt, CallRecord
 from llmspans._guard import report
 
 # Inspects one item, given the instant it arrived; True hides it from the caller (the usage
@@ -36,11 +36,21 @@ def _abandoned(on_end: OnEnd, at_ns: int) -> None:
     on_end(names.OUTCOME_ABANDONED, None, at_ns)
 
 
+_UNREAD = Attempt(0)  # where no transport saw the body: no stamp (0), the clock is read instead
+
+
+def _reads(record: CallRecord) -> Attempt:
+    """The attempt whose body the stream is read from: the call's final one (a stream is never retried once
+    the caller has it)."""
+    attempts = record.attempts
+    return attempts[-1] if attempts else _UNREAD
+
+
 class _StreamProxy(wrapt.ObjectProxy[Any]):
     """What both proxies share: the call, the item reader, and ending exactly once.
 
-    An item's arrival is `record.bytes_at_ns`, the read that completed it as the transport
-    stamped it (the clock is read here only when no transport saw the body).
+    An item's arrival is the read that completed it, as the transport stamped it on the call's final
+    attempt (`Attempt.bytes_at_ns`); the clock is read here only when no transport saw the body.
     """
 
     def __init__(self, wrapped: Any, record: CallRecord, on_item: OnItem, on_end: OnEnd) -> None:
@@ -69,7 +79,7 @@ class _StreamProxy(wrapt.ObjectProxy[Any]):
     def _self_hidden(self, item: Any) -> bool:
         """Read one item as it reaches the caller (never raising); True hides it from the caller."""
         try:
-            return self._self_on_item(item, self._self_record.bytes_at_ns or time.perf_counter_ns())
+            return self._self_on_item(item, _reads(self._self_record).bytes_at_ns or time.perf_counter_ns())
         except Exception as error:
             report(sites.STREAM_CHUNK, error)
             return False
@@ -99,13 +109,13 @@ class SyncStreamProxy(_StreamProxy):
         return self._self_items()
 
     def _self_items(self) -> Iterator[Any]:
-        record = self._self_record
+        reads = _reads(self._self_record)
         on_item = self._self_on_item
         clock = time.perf_counter_ns
         try:
             for item in self.__wrapped__:
                 try:  # `_self_hidden`, inlined: this is the per-chunk path (a call would cost 10 %)
-                    if on_item(item, record.bytes_at_ns or clock()):
+                    if on_item(item, reads.bytes_at_ns or clock()):
                         continue
                 except Exception as error:
                     report(sites.STREAM_CHUNK, error)
@@ -160,13 +170,13 @@ class AsyncStreamProxy(_StreamProxy):
         return self._self_items()
 
     async def _self_items(self) -> AsyncIterator[Any]:
-        record = self._self_record
+        reads = _reads(self._self_record)
         on_item = self._self_on_item
         clock = time.perf_counter_ns
         try:
             async for item in self.__wrapped__:
                 try:  # `_self_hidden`, inlined: this is the per-chunk path (a call would cost 10 %)
-                    if on_item(item, record.bytes_at_ns or clock()):
+                    if on_item(item, reads.bytes_at_ns or clock()):
                         continue
                 except Exception as error:
                     report(sites.STREAM_CHUNK, error)

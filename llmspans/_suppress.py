@@ -14,7 +14,9 @@ from typing import Final
 
 from opentelemetry import context, trace
 
-_KEY = getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", None)
+from llmspans import _internals
+
+_KEY = _internals.SUPPRESS_INSTRUMENTATION_KEY
 
 # What a suppressed call, stage or turn starts its spans on: they still run and end, recording nothing.
 NOOP_TRACER: Final = trace.NoOpTracer()

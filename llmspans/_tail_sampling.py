@@ -20,7 +20,6 @@ import bisect
 import logging
 import math
 import os
-import re
 import threading
 import time
 import weakref
@@ -34,13 +33,13 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.trace import SpanContext, StatusCode, TraceState
 
-from llmspans import _guard, _metrics, _telemetry
+from llmspans import _guard, _internals, _metrics, _telemetry
 from llmspans import _names as names
 from llmspans import _sites as sites
+from llmspans._budget import Percentile, parse_duration
 
 logger = logging.getLogger("llmspans")
 
-PERCENTILES: Final = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 WINDOW: Final = 1000
 """A percentile `slower_than` compares a root with the last WINDOW roots of the same name (kept or not)."""
 WARM_UP: Final = 100
@@ -52,18 +51,9 @@ RECENT_DECISIONS: Final = 10_000
 _RANDOMNESS_BITS: Final = 56
 _MAX_THRESHOLD: Final = 1 << _RANDOMNESS_BITS
 _RANDOMNESS_MASK: Final = _MAX_THRESHOLD - 1
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)\s*$")
 _CAP_TRACE_SPANS: Final = "trace_spans"
 _CAP_HELD_SPANS: Final = "held_spans"
 _CAP_MAX_AGE: Final = "max_age"
-
-
-def _seconds(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
-    return float(value)
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -75,22 +65,11 @@ def _positive_int(value: object, what: str) -> int:
 
 
 def check_slower_than(value: object) -> float | str | None:
-    """`slower_than` as given, checked: seconds (a number or "2500ms"/"2.5s"), a percentile name, or None."""
+    """`slower_than` as given, checked (`_budget.parse_duration`): seconds, a percentile's name, or None."""
     if value is None:
         return None
-    if isinstance(value, str):
-        key = value.strip().lower()
-        if key in PERCENTILES:
-            return key
-        found = _DURATION.match(key)
-        if found is None:
-            raise ValueError(
-                f"slower_than must be seconds (2.5), a duration ('2500ms', '2.5s') or one of "
-                f"{', '.join(repr(p) for p in PERCENTILES)}, got {value!r}"
-            )
-        seconds = float(found[1]) / (1000 if found[2] == "ms" else 1)
-        return _seconds(seconds, "slower_than")
-    return _seconds(value, "slower_than")
+    found = parse_duration(value, what="slower_than", percentiles=True)
+    return found.name if isinstance(found, Percentile) else found
 
 
 @dataclass(frozen=True)
@@ -98,8 +77,8 @@ class TailSampling:
     """What tail sampling keeps, and how much it may hold.
 
     `ratio` (0-1): the chance an ordinary trace is kept, the same for the same trace id everywhere.
-    `slower_than`: a root slower than this is kept whole: seconds (`2.5`, `"2500ms"`), or `"p50"`,
-    `"p90"`, `"p95"` or `"p99"` of the last 1,000 roots of the same name (each name's first 100 roots
+    `slower_than`: a root slower than this is kept whole: seconds (`2.5`, `"2500ms"`), or a percentile from
+    `"p50"` to `"p99.9"` (`"p95"`) of the last 1,000 roots of the same name (each name's first 100 roots
     are all kept while its window warms up); None turns the rule off.
     `max_spans_per_trace`, `max_held_spans` and `max_age` (seconds) bound what is held: a trace that
     reaches one is decided at once on what is held so far (kept whole if a held span failed, went over
@@ -123,7 +102,7 @@ class TailSampling:
         object.__setattr__(self, "slower_than", check_slower_than(self.slower_than))
         _positive_int(self.max_spans_per_trace, "max_spans_per_trace")
         _positive_int(self.max_held_spans, "max_held_spans")
-        object.__setattr__(self, "max_age", _seconds(self.max_age, "max_age"))
+        object.__setattr__(self, "max_age", parse_duration(self.max_age, what="max_age"))
 
     @property
     def threshold(self) -> int:
@@ -215,10 +194,9 @@ def _must_keep(span: ReadableSpan) -> bool:
     """A span that by itself keeps its trace whole: failed, over budget, retried or hedged."""
     if span.status.status_code is StatusCode.ERROR:
         return True
-    attributes = span._attributes  # the SDK's own mapping: no read-only proxy built per look-up
+    attributes = _internals.span_attributes(span)  # no read-only copy per look-up
     if not attributes:
         return False
-    attributes = getattr(attributes, "_dict", attributes)  # BoundedAttributes' plain dict: C-speed look-ups
     retries = attributes.get(names.RETRY_COUNT)
     return (
         attributes.get(names.BUDGET_EXCEEDED) is True
@@ -287,8 +265,9 @@ class TailSamplingProcessor(SpanProcessor):
         self._chance_weight = sampling.weight
         self._th_chance = threshold_hex(self._threshold)
         slower = sampling.slower_than
-        self._slower_ns = round(slower * 1e9) if isinstance(slower, float) else None
-        self._durations = _RootDurations(PERCENTILES[slower]) if isinstance(slower, str) else None
+        threshold = None if slower is None else parse_duration(slower, what="slower_than", percentiles=True)
+        self._slower_ns = round(threshold * 1e9) if isinstance(threshold, float) else None
+        self._durations = _RootDurations(threshold.q) if isinstance(threshold, Percentile) else None
         self._max_trace = sampling.max_spans_per_trace
         self._max_held = sampling.max_held_spans
         self._max_age_ns = round(sampling.max_age * 1e9)
@@ -503,7 +482,7 @@ def weighted_copy(span: ReadableSpan, weight: float, th: str) -> ReadableSpan:
             context.trace_id, context.span_id, context.is_remote, context.trace_flags,
             _with_threshold(context.trace_state, th),
         )  # fmt: skip
-    attributes = dict(span._attributes or {})
+    attributes = dict(_internals.span_attributes(span))
     attributes[names.SAMPLE_WEIGHT] = weight
     return ReadableSpan(
         name=span.name, context=context, parent=span.parent, resource=span.resource, attributes=attributes,

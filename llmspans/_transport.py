@@ -10,7 +10,9 @@ ends when the body is closed and a non-streamed call knows when its body was rea
 
 Which call an attempt belongs to comes from `active_call`, set by the client adapter
 around the SDK's request; a plain httpx client has no adapter, so a `CallOpener` opens a
-call per request to an OpenAI-compatible path.
+call per request to an OpenAI-compatible path. Whoever the attempts are recorded on (the call
+record itself, or one copy of a hedged call) is an `AttemptWatcher`: the one way anything learns
+of an attempt.
 """
 
 from __future__ import annotations
@@ -20,21 +22,20 @@ import contextvars
 import functools
 import importlib
 import logging
+import socket
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Protocol
 
 from opentelemetry import propagate, trace
-from opentelemetry.baggage import _BAGGAGE_KEY
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from llmspans import _deferred, _guard, _retries, _telemetry
+from llmspans import _deferred, _guard, _internals, _retries, _telemetry
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import seconds
@@ -45,7 +46,62 @@ from llmspans._names import PROVIDER_VLLM
 
 logger = logging.getLogger("llmspans")
 
-active_call: contextvars.ContextVar[CallRecord | None] = contextvars.ContextVar("llmspans_call", default=None)
+
+class AttemptRefused(BaseException):
+    """What a watcher raises from `attempt_started` to keep an attempt from being sent (a hedge's copy that
+    lost): a BaseException, so neither a client's retry loop nor a handler of ordinary errors takes it for a
+    failure to retry; it reaches whoever sent the request, unchanged."""
+
+
+class AttemptControl(Protocol):
+    """What a watcher may do with an attempt under way: follow its request (`request.extensions` takes a
+    `trace` hook, as httpcore defines it) and `interrupt()` it from another thread or task, which shuts its
+    HTTP/1.1 connection down (False where it cannot: HTTP/2, not yet on a connection)."""
+
+    @property
+    def request(self) -> Any: ...
+
+    def interrupt(self) -> bool: ...
+
+
+class AttemptWatcher(Protocol):
+    """Whoever a call's attempts are recorded on, and the one way anything learns of them: the call record
+    itself (`CallRecord`), or one copy of a hedged call, which composes the call (`_hedge.copies`).
+
+    The transport makes every attempt and tells its watcher, in the thread or task that sends it:
+    `attempt_started` before the request leaves (the watcher keeps the attempt, or refuses it by raising
+    `AttemptRefused`); `attempt_answered` once its response headers came (`attempt.status`,
+    `attempt.response`); `attempt_body_done` once its body was read to its end (`attempt.body_done_ns`);
+    `attempt_failed` when it failed, before its headers or after them (`attempt.cause`, `error_type`).
+    Only `attempt_started` may raise: what the others raise is reported (`sites.TRANSPORT_WATCHER`),
+    never the app's. Each read of the body is stamped on the attempt itself (`Attempt.bytes_at_ns`),
+    not told: it is the per-chunk path.
+
+    The transport reads three things back: `call`, the logical call the attempts belong to (its span is
+    their parent, its clock theirs); `attempts`, those kept so far, in order (an attempt's resend count,
+    and the first attempt's span made once a second starts); `attempt_spans_always`, whether every
+    attempt gets its span as it runs.
+    """
+
+    @property
+    def call(self) -> CallRecord: ...
+
+    @property
+    def attempts(self) -> Sequence[Attempt]: ...
+
+    @property
+    def attempt_spans_always(self) -> bool: ...
+
+    def attempt_started(self, attempt: Attempt, control: AttemptControl) -> None: ...
+    def attempt_answered(self, attempt: Attempt) -> None: ...
+    def attempt_body_done(self, attempt: Attempt) -> None: ...
+    def attempt_failed(self, attempt: Attempt, error: BaseException) -> None: ...
+
+
+# The watcher of the requests sent in this thread or task: the call the adapter made, or a hedged call's copy.
+active_call: contextvars.ContextVar[AttemptWatcher | None] = contextvars.ContextVar(
+    "llmspans_call", default=None
+)
 
 # Query parameters whose value is redacted in url.full: any name ending in one of the suffixes
 # (the bare words included), or one of the other names, compared without '-' and '_' and case
@@ -133,34 +189,43 @@ def end_open_attempts() -> None:
 
 
 class _AttemptScope:
-    """One attempt: its record on the call, its span where it gets one, and the close of its response body.
+    """One attempt: its record on its watcher, its span where it gets one, and the close of its response body.
 
-    An attempt span only where it says something (DESIGN §2): a call whose first attempt succeeds
-    has none, its request carries the call span's context, and its HTTP facts go on the call span.
-    When a second attempt starts, the first gets its span after the fact, with its real start and
-    end, and every later attempt gets one as it runs and sends it as the parent. With
-    `attempt_spans="always"` every attempt has one. A call span that does not record gets none.
+    An attempt span only where it says something (DESIGN §2): a call whose first attempt succeeds has none,
+    its request carries the call span's context, and its HTTP facts go on the call span. When a second
+    attempt starts, the first gets its span after the fact, with its real start and end, and every later
+    attempt gets one as it runs and sends it as the parent. With `attempt_spans="always"` (or a watcher that
+    asks it: a hedge's backup) every attempt has one. A call span that does not record gets none.
+    It is the `AttemptControl` its watcher gets.
     """
 
     __slots__ = (
-        "__weakref__", "attempt", "closed", "connect_started_ns", "observer", "owns_call", "record",
-        "retry_after_s", "sdk_retries", "tracked",
+        "__weakref__", "attempt", "closed", "connect_started_ns", "inner", "observer", "owns_call", "record",
+        "request", "retry_after_s", "sdk_retries", "tracked", "watcher",
     )  # fmt: skip
 
     def __init__(
-        self, record: CallRecord, request: Any, owns_call: bool, observer: BodyObserver | None
+        self,
+        watcher: AttemptWatcher,
+        request: Any,
+        owns_call: bool,
+        observer: BodyObserver | None,
+        inner: Any,
     ) -> None:
         now = time.perf_counter_ns()
-        self.record = record
+        self.watcher = watcher
+        self.request = request
+        self.inner = inner
+        attempt = self.attempt = Attempt(now, request.method, request.url)
+        watcher.attempt_started(attempt, self)  # may refuse it (AttemptRefused): then nothing else happens
+        record = self.record = watcher.call
         self.owns_call = owns_call
         self.observer = observer
         self.closed = False
         self.sdk_retries = False  # the openai SDK sent it and will retry it if it fails (see `_retries`)
         self.retry_after_s: float | None = None
         self.connect_started_ns = 0
-        attempts = record.attempts
-        attempt = self.attempt = Attempt(now, request.method, request.url)
-        attempts.append(attempt)
+        attempts = watcher.attempts
         resend = attempt.resend_count = len(attempts) - 1
         if owns_call:  # a plain client's call sees one attempt: the SDK above it says which retry this is
             header = request.headers.get(_RETRY_HEADER)
@@ -174,19 +239,18 @@ class _AttemptScope:
         if record.suppressed:
             return  # no span, and no traceparent sent
         context = record.context()
-        if record.recording and (record.attempt_spans_always or resend):
+        if record.recording and (watcher.attempt_spans_always or resend):
             first = attempts[0]
             if first is not attempt and first.span is None:  # made now, with its real start and end
-                first.span = _start_attempt_span(record, first)
-                _end_attempt_span(record, first, first.span, None)
-            attempt.span = _start_attempt_span(record, attempt)
+                span_attempt_after(record, first)
+            attempt.span = start_attempt_span(record, attempt)
             context = trace.set_span_in_context(attempt.span)
             if not tracked:
                 self.tracked = True
                 _open_attempts.add(self)
         try:  # a raising propagator must not reach the app (`swallow`, inlined: it runs on every call)
             _inject(request.headers, context, record.shape.provider == PROVIDER_VLLM)
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.TRANSPORT_INJECT)
         except Exception as failure:
             report(sites.TRANSPORT_INJECT, failure)
@@ -199,6 +263,25 @@ class _AttemptScope:
             now = time.perf_counter_ns()
             self.attempt.connected_ns = now
             self.attempt.connect_ns = now - (self.connect_started_ns or self.attempt.started_ns)
+
+    def interrupt(self) -> bool:
+        """Wake whatever waits on this attempt's HTTP/1.1 connection (from another thread): the connection is
+        shut down, the read in it ends, the server sees the client leave. False where it cannot: an HTTP/2
+        connection (shared by other requests), or the request holds no connection now."""
+        response = self.attempt.response
+        stream = None
+        if response is not None:  # its headers came: the response says which connection it is read from
+            extensions = response.extensions
+            if extensions.get("http_version", b"HTTP/1.1") not in (b"HTTP/1.1", b"HTTP/1.0"):
+                return False
+            stream = extensions.get("network_stream")
+        if stream is None:
+            stream = _internals.http11_network_stream(self.inner, self.request.extensions)
+        sock = None if stream is None else stream.get_extra_info("socket")
+        if sock is None:
+            return False
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's: an SSL one keeps its state
+        return True
 
     def responded(self, status: int, headers: Any, decoded: bool = False) -> None:
         """The response headers came; `decoded`: the body the observer will get is already decoded.
@@ -213,6 +296,12 @@ class _AttemptScope:
         if self.observer is not None:
             # The body it will see is still content-encoded, unless the response arrived read.
             self.observer.response_headers(_IDENTITY if decoded else headers)
+        try:
+            self.watcher.attempt_answered(attempt)
+            if _guard.faults:
+                check_fault(sites.TRANSPORT_WATCHER)
+        except Exception as failure:
+            report(sites.TRANSPORT_WATCHER, failure)
 
     def read_whole(self, response: Any) -> None:
         """A response handed over with its body complete and read: every byte arrived now, so the
@@ -220,9 +309,9 @@ class _AttemptScope:
         streamed through us; the app's own consumption of it comes after, in `post`."""
         now = time.perf_counter_ns()
         content = response.content  # the decoded body (`responded` told the observer so)
-        record = self.record
-        record.bytes_at_ns = now
-        record.last_bytes = content[-_LAST_BYTES:]
+        attempt = self.attempt
+        attempt.bytes_at_ns = now
+        attempt.last_bytes = content[-_LAST_BYTES:]
         if self.observer is not None and content:
             _observe(self.observer, content, now)
         self.body_done(now)
@@ -235,8 +324,16 @@ class _AttemptScope:
         self.close(error)
 
     def body_done(self, now_ns: int) -> None:
-        if self.attempt.body_done_ns is None:
-            self.attempt.body_done_ns = now_ns
+        """The body was read to its end: the attempt's stamp, and its watcher told."""
+        attempt = self.attempt
+        if attempt.body_done_ns is None:
+            attempt.body_done_ns = now_ns
+            try:
+                self.watcher.attempt_body_done(attempt)
+                if _guard.faults:
+                    check_fault(sites.TRANSPORT_WATCHER)
+            except Exception as failure:
+                report(sites.TRANSPORT_WATCHER, failure)
 
     def close(self, error: BaseException | None = None, at_ns: int | None = None) -> None:
         """End the attempt (and, for a plain client, its call) at `at_ns` (None: now); runs once.
@@ -254,19 +351,27 @@ class _AttemptScope:
         now = at_ns if at_ns is not None else time.perf_counter_ns()
         attempt = self.attempt
         attempt.ended_ns = now
-        if error is not None and attempt.error_type is None:  # the body failed after the headers
-            attempt.error_type = type(error).__qualname__
+        record = self.record
+        if error is not None:
+            if attempt.error_type is None:  # the body failed after the headers
+                attempt.error_type = type(error).__qualname__
+            with swallow(sites.TRANSPORT_WATCHER):
+                self.watcher.attempt_failed(attempt, error)
         if attempt.span is not None:
             with swallow(sites.TRANSPORT_SPAN_END):  # a span processor that raises must not reach the app
-                _end_attempt_span(self.record, attempt, attempt.span, error)
-        ends_call = self.owns_call or (
-            self.record.finish_on_close and bool(self.record.attempts) and self.record.attempts[-1] is attempt
-        )
+                end_attempt_span(record, attempt, error)
+        if self.owns_call:
+            ends_call = True
+        elif record.finish_on_close:
+            attempts = self.watcher.attempts
+            ends_call = bool(attempts) and attempts[-1] is attempt
+        else:
+            ends_call = False
         if ends_call:
             if (
                 self.owns_call
                 and self.sdk_retries
-                and self.record.on_release is None  # a limiter's slot is not held through a back-off
+                and record.on_release is None  # a limiter's slot is not held through a back-off
                 and (
                     isinstance(error, Exception)
                     or (error is None and _retries.retried_status(attempt.status))
@@ -274,9 +379,7 @@ class _AttemptScope:
             ):  # a cancellation is not retried: it ends the call now
                 with swallow(sites.TRANSPORT_CLOSE):
                     # The SDK will likely retry: the call stays open for that attempt (`_retries`).
-                    _retries.hold(
-                        self.record, functools.partial(self._end_call, error, now), self.retry_after_s
-                    )
+                    _retries.hold(record, functools.partial(self._end_call, error, now), self.retry_after_s)
                     return
             self._end_call(error, now)
 
@@ -298,6 +401,11 @@ class _AttemptScope:
 
 
 _W3C = TraceContextTextMapPropagator()
+_SPAN_KEY, _BAGGAGE_KEY, _SHORTCUT = (
+    _internals.SPAN_KEY,
+    _internals.BAGGAGE_KEY,
+    _internals.TRACEPARENT_SHORTCUT,
+)
 _OTEL_PROPAGATE = propagate
 _OTEL_INJECT = propagate.inject  # replaced (an app's or a tool's wrapper): theirs runs, never the shortcut
 _default_textmap: Any = None  # the global propagator, once found to be OpenTelemetry's default pair
@@ -315,6 +423,7 @@ def _inject(headers: Any, context: Context, w3c_too: bool) -> None:
         propagate is _OTEL_PROPAGATE
         and propagate.inject is _OTEL_INJECT
         and isinstance(span, Span)
+        and _SHORTCUT
         and context.get(_BAGGAGE_KEY) is None
         and ((textmap := propagate.get_global_textmap()) is _default_textmap or _is_default_pair(textmap))
     ):
@@ -334,19 +443,21 @@ def _inject(headers: Any, context: Context, w3c_too: bool) -> None:
 def _is_default_pair(textmap: Any) -> bool:
     """Whether the global propagator is the default one `OTEL_PROPAGATORS` makes (remembered if so)."""
     global _default_textmap
-    found = getattr(textmap, "_propagators", None)
-    if (
-        type(textmap) is CompositePropagator
-        and isinstance(found, list)
-        and [type(each) for each in found] == [TraceContextTextMapPropagator, W3CBaggagePropagator]
-    ):
+    if type(textmap) is not CompositePropagator:
+        return False
+    found = _internals.composite_members(textmap)
+    if found is not None and [type(each) for each in found] == [
+        TraceContextTextMapPropagator,
+        W3CBaggagePropagator,
+    ]:
         _default_textmap = textmap
         return True
     return False
 
 
-def _start_attempt_span(record: CallRecord, attempt: Attempt) -> Span:
-    """An attempt's CLIENT span under the call span, from its start (which may be in the past)."""
+def start_attempt_span(record: CallRecord, attempt: Attempt) -> Span:
+    """An attempt's CLIENT span under the call span, from its start (which may be in the past), with what its
+    watcher adds (`Attempt.span_attributes`)."""
     url = attempt.url
     attributes: dict[str, Any] = {
         names.HTTP_REQUEST_METHOD: attempt.method,
@@ -357,14 +468,19 @@ def _start_attempt_span(record: CallRecord, attempt: Attempt) -> Span:
         attributes[names.SERVER_PORT] = url.port
     if attempt.resend_count:
         attributes[names.HTTP_REQUEST_RESEND_COUNT] = attempt.resend_count
+    if attempt.span_attributes:
+        attributes.update(attempt.span_attributes)
     return _telemetry.tracer().start_span(
         attempt.method, context=record.context(), kind=SpanKind.CLIENT,
         attributes=attributes, start_time=record.wall_ns(attempt.started_ns),
     )  # fmt: skip
 
 
-def _end_attempt_span(record: CallRecord, attempt: Attempt, span: Span, error: BaseException | None) -> None:
-    """What the attempt came to, and its end: a failure before or after its headers marks it failed."""
+def end_attempt_span(record: CallRecord, attempt: Attempt, error: BaseException | None) -> None:
+    """What the attempt came to, and the end of its span: a failure before or after its headers marks it failed."""
+    span = attempt.span
+    if span is None:
+        return
     attributes: dict[str, Any] = {
         names.CONNECT_REUSED: not attempt.new_connection,
         names.CONNECT_DURATION: seconds(attempt.connect_ns),
@@ -376,6 +492,16 @@ def _end_attempt_span(record: CallRecord, attempt: Attempt, span: Span, error: B
         span.set_status(Status(StatusCode.ERROR, attempt.error_type if error is not None else None))
     span.set_attributes(attributes)
     span.end(end_time=record.wall_ns(attempt.ended_ns or attempt.started_ns))
+
+
+def span_attempt_after(record: CallRecord, attempt: Attempt) -> Span:
+    """The span of an attempt that ran without one, made now with its real start, and ended with its real end
+    if it is over (else it ends as any attempt's does, when the attempt does): a retried call's first attempt,
+    a hedged call's primary once its backup was sent."""
+    span = attempt.span = start_attempt_span(record, attempt)
+    if attempt.ended_ns is not None:
+        end_attempt_span(record, attempt, None)
+    return span
 
 
 # The trace events `on_trace_event` times a connection with. httpcore sends about ten per
@@ -485,24 +611,22 @@ class _Body:
 class _SyncBody(_Body):
     def __iter__(self) -> Iterator[bytes]:
         scope = self._scope
-        record = scope.record
+        attempt = scope.attempt
         observer = scope.observer
         clock = time.perf_counter_ns
         try:
             for chunk in self._inner:
-                record.bytes_at_ns = now = clock()
+                attempt.bytes_at_ns = now = clock()
                 if observer is not None:
                     _observe(observer, chunk, now)
-                record.last_bytes = chunk
+                attempt.last_bytes = chunk
                 yield chunk
         except GeneratorExit:  # the reader let go of the iterator: close() or collection ends the call
             raise
         except BaseException as error:
             scope.close(error)
             raise
-        attempt = scope.attempt  # `body_done`, inlined
-        if attempt.body_done_ns is None:
-            attempt.body_done_ns = time.perf_counter_ns()
+        scope.body_done(time.perf_counter_ns())
 
     def close(self) -> None:
         try:
@@ -511,7 +635,7 @@ class _SyncBody(_Body):
             try:  # the app's own close must not see our failure (`swallow`, inlined)
                 self._scope.close()
                 self._scope = _ENDED
-                if _guard._faults:
+                if _guard.faults:
                     check_fault(sites.TRANSPORT_CLOSE)
             except Exception as failure:
                 report(sites.TRANSPORT_CLOSE, failure)
@@ -520,24 +644,22 @@ class _SyncBody(_Body):
 class _AsyncBody(_Body):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         scope = self._scope
-        record = scope.record
+        attempt = scope.attempt
         observer = scope.observer
         clock = time.perf_counter_ns
         try:
             async for chunk in self._inner:
-                record.bytes_at_ns = now = clock()
+                attempt.bytes_at_ns = now = clock()
                 if observer is not None:
                     _observe(observer, chunk, now)
-                record.last_bytes = chunk
+                attempt.last_bytes = chunk
                 yield chunk
         except GeneratorExit:  # the reader let go of the iterator: close() or collection ends the call
             raise
         except BaseException as error:
             scope.close(error)
             raise
-        attempt = scope.attempt  # `body_done`, inlined
-        if attempt.body_done_ns is None:
-            attempt.body_done_ns = time.perf_counter_ns()
+        scope.body_done(time.perf_counter_ns())
 
     async def aclose(self) -> None:
         try:
@@ -546,7 +668,7 @@ class _AsyncBody(_Body):
             try:  # `swallow`, inlined
                 self._scope.close()
                 self._scope = _ENDED
-                if _guard._faults:
+                if _guard.faults:
                     check_fault(sites.TRANSPORT_CLOSE)
             except Exception as failure:
                 report(sites.TRANSPORT_CLOSE, failure)
@@ -565,54 +687,56 @@ class _Transport:
         self._library = library
         self._plain = plain
 
-    def _open(self, request: Any) -> tuple[CallRecord, BodyObserver | None, bool] | None:
-        """The call this request belongs to: the adapter's, or a new one a plain client's request opens
-        (True: the transport owns it); None: not an LLM call, or llmspans failed and stands aside."""
+    def _open(self, request: Any) -> tuple[AttemptWatcher, BodyObserver | None, bool] | None:
+        """The watcher of this request's attempt: the adapter's call (or a copy of it), or a new call a plain
+        client's request opens (True: the transport owns it); None: not an LLM call, or llmspans failed and
+        stands aside."""
         try:
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.TRANSPORT_BEGIN)
-            record = active_call.get()
-            if record is None:
+            watcher = active_call.get()
+            if watcher is None:
                 plain = self._plain
                 if plain is None:
                     return None
                 opened = plain.begin(request)
                 return None if opened is None else (opened[0], opened[1], True)
-            return None if record.finished else (record, record.body_observer, False)
+            call = watcher.call
+            return None if call.finished else (watcher, call.body_observer, False)
         except Deliberate:  # a prompt cap refusing the call: the app's to see
             raise
         except Exception as failure:
             report(sites.TRANSPORT_BEGIN, failure)
             return None
 
-    def _limiter(self, opened: tuple[CallRecord, BodyObserver | None, bool]) -> Limiter | None:
+    def _limiter(self, opened: tuple[AttemptWatcher, BodyObserver | None, bool]) -> Limiter | None:
         """A plain client's limiter admits the calls its requests open (an adapter's admits its own); a
         retry joining a held call (`_retries`) was admitted with its first attempt."""
-        if not opened[2] or self._plain is None or opened[0].on_release is not None:
+        if not opened[2] or self._plain is None or opened[0].call.on_release is not None:
             return None
         return self._plain.limiter
 
     def _attempt(
-        self, opened: tuple[CallRecord, BodyObserver | None, bool], request: Any, is_async: bool
+        self, opened: tuple[AttemptWatcher, BodyObserver | None, bool], request: Any, is_async: bool
     ) -> _AttemptScope | None:
-        record, observer, owns = opened
+        watcher, observer, owns = opened
         try:
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.TRANSPORT_ATTEMPT)
-            scope = _AttemptScope(record, request, owns, observer)
+            scope = _AttemptScope(watcher, request, owns, observer, self.inner)
             _chain_trace(request, scope, is_async)
             return scope
         except Exception as failure:
             report(sites.TRANSPORT_ATTEMPT, failure)
             if owns:  # a call we opened must still end
-                record.finish(names.OUTCOME_COMPLETED)
+                watcher.call.finish(names.OUTCOME_COMPLETED)
             return None
 
     def _answered(self, scope: _AttemptScope, response: Any, body: type[_Body]) -> None:
         scope.attempt.response = response  # what an adapter reads if the SDK fails after it (a parse)
         whole = getattr(response, "is_stream_consumed", False)
         try:  # `guarded`, inlined: this runs on every attempt
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.TRANSPORT_RESPONSE)
             scope.responded(response.status_code, response.headers, whole)
         except Exception as failure:
@@ -630,7 +754,7 @@ class _Transport:
             return
         try:  # `swallow`, inlined
             response.stream = body(response.stream, scope)
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.TRANSPORT_WRAP_BODY)
         except Exception as failure:
             report(sites.TRANSPORT_WRAP_BODY, failure)
@@ -644,7 +768,7 @@ class _SyncTransport(_Transport):
         if opened[2]:  # a call this request opened: the plain client's limiter admits it
             limiter = self._limiter(opened)
             if limiter is not None:
-                opened[0].admit(limiter)
+                opened[0].call.admit(limiter)
         scope = self._attempt(opened, request, False)
         if scope is None:
             return self.inner.handle_request(request)
@@ -675,7 +799,7 @@ class _AsyncTransport(_Transport):
         if opened[2]:  # a call this request opened: the plain client's limiter admits it
             limiter = self._limiter(opened)
             if limiter is not None:
-                await opened[0].admit_async(limiter)
+                await opened[0].call.admit_async(limiter)
         scope = self._attempt(opened, request, True)
         if scope is None:
             return await self.inner.handle_async_request(request)
@@ -706,7 +830,12 @@ def install(http_client: Any, plain: CallOpener | None = None) -> bool:
     side cannot serve this client at all; it is left as it is (the client fails as it would without
     llmspans), with one debug line.
     """
-    if isinstance(http_client._transport, _Transport):
+    transport = _internals.client_transport(http_client)
+    if isinstance(transport, _Transport):
+        return False
+    if transport is None:
+        logger.debug("llmspans: %s keeps no transport we know of; its requests pass through unobserved",
+                     type(http_client).__qualname__)  # fmt: skip
         return False
     library = library_of(http_client)
     is_async = _is_async_client(http_client, library)
@@ -723,8 +852,8 @@ def install(http_client: Any, plain: CallOpener | None = None) -> bool:
             return inner
         return make(inner, library, plain)
 
-    http_client._transport = wrap(http_client._transport)
-    mounts = getattr(http_client, "_mounts", None)
+    _internals.set_client_transport(http_client, wrap(transport))
+    mounts = _internals.client_mounts(http_client)
     if mounts:
         for pattern, transport in list(mounts.items()):
             if transport is not None:
@@ -739,15 +868,15 @@ def _is_async_client(http_client: Any, library: _Library) -> bool:
         return True
     if isinstance(http_client, library.module.Client):
         return False
-    return callable(getattr(http_client._transport, "handle_async_request", None))
+    return callable(getattr(_internals.client_transport(http_client), "handle_async_request", None))
 
 
 def remove(http_client: Any) -> None:
     """Put the client's original transports back."""
-    transport = http_client._transport
+    transport = _internals.client_transport(http_client)
     if isinstance(transport, _Transport):
-        http_client._transport = transport.inner
-    mounts = getattr(http_client, "_mounts", None)
+        _internals.set_client_transport(http_client, transport.inner)
+    mounts = _internals.client_mounts(http_client)
     if mounts:
         for pattern, mounted in list(mounts.items()):
             if isinstance(mounted, _Transport):

@@ -89,6 +89,7 @@ import httpx
 from opentelemetry import context
 from opentelemetry.util.types import AttributeValue
 
+from llmspans import _internals
 from llmspans import _names as names
 from llmspans._redact import url_for_log
 
@@ -231,13 +232,11 @@ class _Sampler:
     def run(self, transport: httpx.HTTPTransport) -> None:
         # The sampler's own GETs are not the application's traffic: keep OpenTelemetry's HTTP
         # instrumentations (if the app installed any) from tracing them.
-        context.attach(
-            context.set_value(
-                context._SUPPRESS_HTTP_INSTRUMENTATION_KEY,
-                True,
-                context.set_value(context._SUPPRESS_INSTRUMENTATION_KEY, True),
-            )
-        )
+        suppressed = context.get_current()
+        for key in (_internals.SUPPRESS_INSTRUMENTATION_KEY, _internals.SUPPRESS_HTTP_INSTRUMENTATION_KEY):
+            if key is not None:
+                suppressed = context.set_value(key, True, suppressed)
+        context.attach(suppressed)
         try:
             with transport:
                 regular = time.monotonic()
@@ -560,7 +559,7 @@ def _stop_all() -> None:
         sampler.stop(keep_exporting=True)
 
 
-def _fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]]:
+def fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]]:
     """The latest sample of every running sampler whose latest attempt succeeded, with its gauge
     attributes; what llmspans' observable gauges report (see `llmspans._metrics`)."""
     with _live_lock:

@@ -106,7 +106,7 @@ def play(round_number: int) -> None:
     tracer = _telemetry.tracer()
     for stage, elapsed in (("retrieval", 12), ("tool", 250), ("retrieval", 31 + round_number)):
         span = tracer.start_span(stage)
-        _stages._record_stage(span, _stages._stage_labels(stage), elapsed * MS, elapsed > 100)
+        _stages._record_stage(span, _stages.stage_labels(stage), elapsed * MS, elapsed > 100)
         span.end()
 
 
@@ -345,7 +345,7 @@ def many_calls(round_number: int) -> None:
     tracer = _telemetry.tracer()
     for index in range(600):
         span = tracer.start_span("stage")
-        _stages._record_stage(span, _stages._stage_labels("work"), (index % 50) * MS, index % 50 > 40)
+        _stages._record_stage(span, _stages.stage_labels("work"), (index % 50) * MS, index % 50 > 40)
         span.end()
 
 

@@ -19,15 +19,8 @@ def _record(stream: bool, **kwargs: object) -> CallRecord:
 
 
 def _play(
-    record: CallRecord,
-    *,
-    limiter: bool,
-    retries: int,
-    new_connection: bool,
-    stream: bool,
-    chunks: int,
-    outcome: str,
-) -> dict[str, int]:
+    record: CallRecord, *, limiter: bool, retries: int, new_connection: bool, stream: bool, chunks: int, outcome: str
+) -> dict[str, int]:  # fmt: skip
     """Stamp a scripted call on `record` and return the buckets it must produce, in ns."""
     t = record.queued_ns
     expected = dict.fromkeys(names.BUCKETS, 0)
@@ -81,14 +74,8 @@ CASES = [
 
 @pytest.mark.parametrize(("limiter", "retries", "new_connection", "stream", "chunks", "outcome"), CASES)
 def test_buckets_match_the_script_and_sum_to_the_span_duration(
-    captured: Captured,
-    limiter: bool,
-    retries: int,
-    new_connection: bool,
-    stream: bool,
-    chunks: int,
-    outcome: str,
-) -> None:
+    captured: Captured, limiter: bool, retries: int, new_connection: bool, stream: bool, chunks: int, outcome: str
+) -> None:  # fmt: skip
     record = _record(stream)
     expected = _play(
         record, limiter=limiter, retries=retries, new_connection=new_connection, stream=stream, chunks=chunks,

@@ -24,7 +24,7 @@ import pytest
 import llmspans
 from llmspans import _names as names
 from llmspans.testing import Captured
-from tests.support.realservers import PhoenixServer, TransformersServer
+from tests.support.realservers import PhoenixServer, TransformersServer, flatten
 
 MAX_TOKENS = 8
 
@@ -128,7 +128,7 @@ def test_configure_exports_to_a_real_otlp_backend(phoenix: PhoenixServer, protoc
     turn, call, attempt = by_name["turn chat"], by_name["chat sim"], by_name["POST"]
     assert call["parent_id"] == turn["context"]["span_id"]
     assert attempt["parent_id"] == call["context"]["span_id"]
-    flat = _flatten(call["attributes"])
+    flat = flatten(call["attributes"])
     assert flat["gen_ai.request.model"] == "sim"
     assert flat["gen_ai.usage.output_tokens"] == 3
     assert flat["llmspans.stream.chunks"] == 3
@@ -137,17 +137,6 @@ def test_configure_exports_to_a_real_otlp_backend(phoenix: PhoenixServer, protoc
     assert flat["llmspans.stream.outcome"] == "completed"
     assert {event["name"] for event in call["events"]} >= {"llmspans.first_token", "llmspans.last_token"}
     assert "sk-never-exported" not in str(spans)
-
-
-def _flatten(attrs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Phoenix may nest dotted keys; compare on the dotted form either way."""
-    flat: dict[str, Any] = {}
-    for key, value in attrs.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 WHERE_TIME_WENT = """
@@ -180,10 +169,10 @@ def test_phoenix_shows_where_the_time_went(phoenix: PhoenixServer) -> None:
     # In the project named after the service: configure(openinference=True) set openinference.project.name.
     spans = phoenix.wait_for_spans(project, lambda found: len(found) >= 10, timeout=20)
     by_id = {span["context"]["span_id"]: span for span in spans}
-    calls = [span for span in spans if _flatten(span["attributes"]).get("llmspans.stage") == "llm"]
+    calls = [span for span in spans if flatten(span["attributes"]).get("llmspans.stage") == "llm"]
     assert len(calls) == 2
     for call in calls:
-        flat = _flatten(call["attributes"])
+        flat = flatten(call["attributes"])
         turn = by_id[call["parent_id"]]
         assert turn["span_kind"] == "CHAIN"  # openinference.span.kind, which Phoenix lifts off the attributes
         phases = [
@@ -193,7 +182,7 @@ def test_phoenix_shows_where_the_time_went(phoenix: PhoenixServer) -> None:
         ]
         per_bucket: dict[str, float] = {}
         for phase in phases:
-            bucket_name = _flatten(phase["attributes"])["llmspans.phase"]
+            bucket_name = flatten(phase["attributes"])["llmspans.phase"]
             per_bucket[bucket_name] = per_bucket.get(bucket_name, 0.0) + _seconds(phase)
         if turn["name"] == "turn slow-prefill":
             assert flat["llmspans.bucket.dominant"] == "first_token"
@@ -211,7 +200,7 @@ def test_phoenix_shows_where_the_time_went(phoenix: PhoenixServer) -> None:
             (backoff,) = [phase for phase in phases if phase["name"] == "backing off after http_429"]
             assert 0.3 - 0.01 <= _seconds(backoff) <= 0.3 + 0.1
             (retry,) = [event for event in call["events"] if event["name"] == "llmspans.retry"]
-            assert _flatten(retry["attributes"])["llmspans.retry.cause"] == "http_429"
+            assert flatten(retry["attributes"])["llmspans.retry.cause"] == "http_429"
 
 
 def _seconds(span: dict[str, Any]) -> float:

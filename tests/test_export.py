@@ -23,7 +23,6 @@ import textwrap
 import threading
 import uuid
 from collections.abc import Iterator
-from concurrent import futures
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -32,8 +31,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 import llmspans
 from llmspans import _exporters, _setup
+from tests.support.otlp_http import otlp_grpc_receiver
 from tests.support.outage import assert_no_slower, run_outage_app
-from tests.support.realservers import PhoenixServer
+from tests.support.realservers import PhoenixServer, flatten
 
 APP = """
 import llmspans, openai
@@ -59,17 +59,6 @@ def run_app(configure: dict[str, Any], env: dict[str, str] | None = None) -> sub
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     return result
-
-
-def flatten(attributes: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Phoenix may nest dotted keys; compare on the dotted form."""
-    flat: dict[str, Any] = {}
-    for key, value in attributes.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def span_names(request: ExportTraceServiceRequest) -> list[str]:
@@ -136,30 +125,19 @@ def test_gzip_and_headers_over_http(receiver: ThreadingHTTPServer, source: str) 
 
 
 def test_headers_from_the_argument_and_the_environment_over_grpc() -> None:
-    import grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-
     metadata: list[dict[str, str]] = []
     names: list[str] = []
 
-    class Traces(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
-        def Export(self, request: ExportTraceServiceRequest, context: Any) -> Any:
-            metadata.append(dict(context.invocation_metadata()))
-            names.extend(span_names(request))
-            return trace_service_pb2.ExportTraceServiceResponse()
+    def exported(request: ExportTraceServiceRequest, context: Any) -> None:
+        metadata.append(dict(context.invocation_metadata()))
+        names.extend(span_names(request))
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
+    with otlp_grpc_receiver(exported) as port:
         run_app(
             {"endpoint": f"http://127.0.0.1:{port}", "protocol": "grpc", "compression": "gzip",
              "headers": {"X-Team": "from-argument"}},
             clean_env(OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer%20t0k3n,x-team=from-env"),
         )  # fmt: skip
-    finally:
-        server.stop(0)
     assert sorted(names) == ["chat sim", "turn chat"]
     assert all(m["authorization"] == "Bearer t0k3n" and m["x-team"] == "from-argument" for m in metadata)
 

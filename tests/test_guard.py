@@ -336,6 +336,7 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.TRANSPORT_RESPONSE: (openai_call, None),
     sites.TRANSPORT_SPAN_END: (lambda url: openai_call(url, attempt_spans="always"), None),
     sites.TRANSPORT_TRACE: (openai_call, None),
+    sites.TRANSPORT_WATCHER: (openai_call, None),
     sites.TRANSPORT_WRAP_BODY: (openai_call, None),
     sites.TURN_FINISH: (stage_and_turn, None),
     sites.TURN_SPAN_END: (stage_and_turn, lambda: patched(SdkSpan, "end", raising)),

@@ -66,13 +66,9 @@ async def test_cap_two_six_calls_wait_in_fifo_order(server: SimulatedServer, cap
     the hand-over, which this loop's own lateness bounds on a loaded machine."""
     limiter = llmspans.Limiter(2, name="interactive")
     transport = HeldTransport()
+    http = httpx2.AsyncClient(transport=transport)
     client = llmspans.instrument(
-        openai.AsyncOpenAI(
-            base_url=server.base_url,
-            api_key="k",
-            max_retries=0,
-            http_client=httpx2.AsyncClient(transport=transport),
-        ),
+        openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0, http_client=http),
         limiter=limiter,
     )
     await client.chat.completions.create(model="warm", messages=MESSAGES)

@@ -42,7 +42,7 @@ def broken(*args: Any, **kwargs: Any) -> Any:
         (_call.CallRecord, "_record_metrics", None),
         (_call.CallRecord, "instants_ns", None),
         (_transport._AttemptScope, "on_trace_event", None),
-        (_transport, "_end_attempt_span", "always"),  # only an attempt that has a span gets there
+        (_transport, "end_attempt_span", "always"),  # only an attempt that has a span gets there
     ],
 )
 def test_a_broken_hook_leaves_the_stream_intact(

@@ -554,3 +554,116 @@ def test_texts_in_a_list_input_are_messages_and_instructions_are_system_instruct
     assert system_instructions({"instructions": "Be brief."}) == [{"type": "text", "content": "Be brief."}]
     assert system_instructions({"instructions": ""}) is None
     assert system_instructions({"messages": []}) is None
+
+
+# --- which chunks carry tokens: one rule, read alike by every reader of a stream --------------------------------
+
+_CHAT = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+_TEXT = {"id": "t", "object": "text_completion", "created": 1, "model": "m"}
+
+
+def _chat(*deltas: dict[str, Any]) -> dict[str, Any]:
+    choices = [
+        {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
+        for i, delta in enumerate(deltas)
+    ]
+    return {**_CHAT, "choices": choices}
+
+
+def _text(*texts: str) -> dict[str, Any]:
+    choices = [
+        {"index": i, "text": text, "logprobs": None, "finish_reason": None} for i, text in enumerate(texts)
+    ]
+    return {**_TEXT, "choices": choices}
+
+
+def _event(kind: str, delta: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "delta": delta,
+        "item_id": "i",
+        "output_index": 0,
+        "content_index": 0,
+        "sequence_number": 1,
+    }
+
+
+_TOOL_CALL = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{"}}
+# (chunk, carries tokens); the comments name the readers that used to say otherwise.
+CHUNKS: dict[str, tuple[dict[str, Any], bool]] = {
+    "answer text": (_chat({"content": "hi"}), True),
+    "an empty first delta": (_chat({"role": "assistant", "content": ""}), False),
+    "a refusal": (_chat({"refusal": "I can't"}), True),  # the load tool's readers (SDK objects and bytes)
+    "a tool call": (_chat({"tool_calls": [_TOOL_CALL]}), True),
+    "vLLM's reasoning": (_chat({"reasoning": "think"}), True),  # the load tool's reader of SDK objects
+    "DeepSeek's reasoning_content": (_chat({"reasoning_content": "think"}), True),
+    "text in the second choice only": (_chat({"content": ""}, {"content": "b"}), True),  # the load tool's
+    "a completion's text": (_text("t"), True),
+    "text in a completion's second choice only": (
+        _text("", "t"),
+        True,
+    ),  # the adapter, the hedge, the load tool
+    "an empty completion": (_text(""), False),
+    "usage alone": (
+        {**_CHAT, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}},
+        False,
+    ),
+    "a Responses text delta": (_event("response.output_text.delta", "x"), True),
+    "a Responses refusal delta": (_event("response.refusal.delta", "no"), True),  # the load tool's
+    "a Responses arguments delta": (_event("response.function_call_arguments.delta", "{"), True),  # likewise
+    "a Responses reasoning delta": (_event("response.reasoning_text.delta", "hm"), True),  # likewise
+    "an empty Responses delta": (_event("response.output_text.delta", ""), False),
+}
+
+
+def _sdk_object(chunk: dict[str, Any]) -> Any:
+    """The chunk as the openai SDK hands it over: built as its stream builds each item (not validated)."""
+    from openai._models import construct_type
+    from openai.types import Completion, responses
+    from openai.types.chat import ChatCompletionChunk
+
+    kinds = {
+        "response.output_text.delta": responses.ResponseTextDeltaEvent,
+        "response.refusal.delta": responses.ResponseRefusalDeltaEvent,
+        "response.function_call_arguments.delta": responses.ResponseFunctionCallArgumentsDeltaEvent,
+        "response.reasoning_text.delta": responses.ResponseReasoningTextDeltaEvent,
+    }
+    if "type" in chunk:
+        return construct_type(type_=kinds[chunk["type"]], value=chunk)
+    kind = Completion if chunk["object"] == "text_completion" else ChatCompletionChunk
+    return construct_type(type_=kind, value=chunk)
+
+
+@pytest.mark.parametrize("case", list(CHUNKS))
+def test_every_reader_of_a_stream_agrees_on_which_chunks_carry_tokens(case: str) -> None:
+    from llmspans import _openai_wire
+    from llmspans._adapters import openai_sdk
+    from llmspans._call import CallRecord
+    from llmspans.load._plain import carries_tokens_in, content_of, content_of_bytes
+
+    chunk, expected = CHUNKS[case]
+    compact = json.dumps(chunk, separators=(",", ":"))
+    sdk = _sdk_object(chunk)
+    # The rule itself, on decoded JSON (the plain adapter) and on the SDK's objects (the openai adapter, the
+    # hedge's read-ahead, the load tool's SDK client).
+    assert _openai_wire.carries_tokens(chunk) is expected
+    assert _openai_wire.carries_tokens(sdk) is expected
+    # The plain adapter's event reader, and the compact read of the same data (None: only decoding can tell).
+    info = classify(chunk.get("type"), compact)
+    assert info is not None
+    assert info.content is expected
+    assert content_of(compact) in (None, expected)
+    assert content_of_bytes(compact.encode()) == content_of(compact)
+    assert carries_tokens_in(compact.encode()) is expected  # the load tool's own stamps
+    # The openai adapter's per-chunk reader counts it as a content chunk, or not.
+    path = (
+        "/responses"
+        if "type" in chunk
+        else "/completions"
+        if chunk["object"] == "text_completion"
+        else "/chat/completions"
+    )
+    record = CallRecord(operation="chat", model="m", provider="openai", stream=True, sinks=None)
+    reader = openai_sdk._item_reader(path, False)
+    reader(openai_sdk._Reading(record, path, False, False), sdk, 1_000)
+    assert record.chunks == (1 if expected else 0)

@@ -273,7 +273,7 @@ async def test_an_injected_fault_at_each_site_leaves_the_call_as_it_was(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     counter = HitCounter()
-    monkeypatch.setattr(_guard, "_faults", counter)
+    monkeypatch.setattr(_guard, "faults", counter)
     with caplog.at_level(logging.WARNING, logger="llmspans"):
         expected, got = await calls_under_fault(kind, shape, server, lambda: _guard.inject_faults(site))
     # A failed begin means llmspans stands aside for that call: no span at all, which is fine.
@@ -384,7 +384,7 @@ async def test_an_injected_fault_leaves_a_plain_client_call_as_it_was(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     counter = HitCounter()
-    monkeypatch.setattr(_guard, "_faults", counter)
+    monkeypatch.setattr(_guard, "faults", counter)
     cls = httpx.AsyncClient if kind == "httpx.AsyncClient" else httpx.Client
     base_url = base_url_for(shape, server)
     plain, client = cls(base_url=base_url), llmspans.instrument(cls(base_url=base_url))
@@ -509,7 +509,7 @@ async def test_a_fault_in_the_stage_and_turn_hooks_leaves_the_app_as_it_was(
     expected = await a_turn()
     recorded.exporter.clear()
     counter = HitCounter()
-    monkeypatch.setattr(_guard, "_faults", counter)
+    monkeypatch.setattr(_guard, "faults", counter)
     with (
         caplog.at_level(logging.WARNING, logger="llmspans"),
         _guard.inject_faults("stage.finish", "turn.finish"),

@@ -57,7 +57,7 @@ async def test_the_sdks_retries_are_one_call(
 async def test_retries_used_up_end_the_call_where_its_last_attempt_ended(
     server: SimulatedServer, captured: Captured, use_async: bool
 ) -> None:
-    server.enqueue(Behavior(status=503, retry_after_ms=1), Behavior(status=503, retry_after_ms=1))
+    server.enqueue(*[Behavior(status=503, retry_after_ms=1)] * 2)
     client = sdk_over_a_plain_client(server, use_async, max_retries=1)
     started = time.time_ns()
     with pytest.raises(openai.InternalServerError):

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from concurrent import futures
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import llmspans
 from llmspans import _names as names
 from llmspans import _setup
 from llmspans.testing import Captured
+from tests.support.otlp_http import otlp_grpc_receiver
 
 APP = """
 import llmspans, time
@@ -180,26 +180,11 @@ def test_otlp_environment_variables_are_respected(
 
 
 def test_otlp_grpc_protocol(tmp_path: Path) -> None:
-    import grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-
     received: list[ExportTraceServiceRequest] = []
-
-    class Traces(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request: ExportTraceServiceRequest, context: object) -> object:
-            received.append(request)
-            return trace_service_pb2.ExportTraceServiceResponse()
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
+    with otlp_grpc_receiver(lambda request, _context: received.append(request)) as port:
         run_python(
             f"import llmspans; llmspans.configure(endpoint='http://127.0.0.1:{port}', protocol='grpc')", APP
         )
-    finally:
-        server.stop(0)
     assert sorted(span_names(received)) == ["retrieval search", "turn chat"]
 
 
@@ -307,13 +292,8 @@ def test_a_traces_only_endpoint_gets_spans_and_no_metric_is_sent_anywhere(tmp_pa
         }  # fmt: skip
         env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
         done = subprocess.run(
-            [sys.executable, "-c", _TRACES_ONLY_APP],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
+            [sys.executable, "-c", _TRACES_ONLY_APP], env=env, capture_output=True, text=True, timeout=60, check=True
+        )  # fmt: skip
         paths = list(receiver.paths)  # type: ignore[attr-defined]
     said = json.loads(done.stdout.strip().splitlines()[-1])
     assert said["metrics_mode"] == "none"

@@ -85,12 +85,11 @@ def test_tool_follows_the_genai_convention(captured: Captured) -> None:
 
 
 def test_exception_is_the_same_object_with_its_traceback(captured: Captured) -> None:
-    failure = KeyError("missing")
-
     @llmspans.stage("guardrail")
     def check() -> None:
         raise failure
 
+    failure = KeyError("missing")
     with pytest.raises(KeyError) as info:
         check()
     assert info.value is failure

@@ -81,7 +81,7 @@ async def test_async_cancellation_mid_stream(server: SimulatedServer, captured: 
     await got_one.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await task  # cancelled while it waited for its next chunk
     assert outcome(captured) == "cancelled"
 
 

@@ -399,7 +399,7 @@ def _in(span: Any) -> Any:
         ({"ratio": 1.5}, ValueError, "ratio must be from 0 to 1"),
         ({"ratio": -0.1}, ValueError, "ratio must be from 0 to 1"),
         ({"ratio": "1%"}, TypeError, "ratio must be a number"),
-        ({"slower_than": "p97"}, ValueError, "'p90', 'p95'"),
+        ({"slower_than": "p40"}, ValueError, "from p50 to p99.9"),
         ({"slower_than": -2}, ValueError, "positive number of seconds"),
         ({"slower_than": "-5ms"}, ValueError, "2500ms"),
         ({"slower_than": [1]}, TypeError, "number of seconds"),
@@ -422,6 +422,27 @@ def test_what_slower_than_accepts() -> None:
     assert llmspans.TailSampling(slower_than=2).slower_than == 2.0
     assert llmspans.TailSampling(slower_than="P99").slower_than == "p99"
     assert llmspans.TailSampling(slower_than=None).slower_than is None
+    # The same spellings as `Hedge(after=...)` and the budgets (one parser, `_budget.parse_duration`).
+    assert llmspans.TailSampling(slower_than="p97").slower_than == "p97"
+    assert llmspans.TailSampling(slower_than="p99.9").slower_than == "p99.9"
+    assert llmspans.TailSampling(slower_than="250us").slower_than == pytest.approx(250e-6)
+    assert llmspans.TailSampling(slower_than="1m").slower_than == 60.0
+
+
+@pytest.mark.parametrize("value", ["p97", "150ms", 0.15, "p40", "soon", -1, None, True])
+def test_a_hedge_and_tail_sampling_take_the_same_spellings_with_the_same_message(value: Any) -> None:
+    outcomes = []
+    for make in (lambda: llmspans.Hedge(after=value), lambda: llmspans.TailSampling(slower_than=value)):
+        try:
+            make()
+            outcomes.append("accepted")
+        except (TypeError, ValueError) as error:
+            outcomes.append(str(error).split(" must ", 1)[1])
+    if value is None:  # None turns tail sampling's rule off; a hedge needs a time
+        assert outcomes[1] == "accepted"
+        assert "seconds or a percentile" in outcomes[0]
+    else:
+        assert outcomes[0] == outcomes[1]
 
 
 def test_the_processor_and_configure_reject_what_they_cannot_use() -> None:
@@ -582,13 +603,8 @@ def test_configure_says_when_an_app_provider_it_leaves_alone_gets_no_tail_sampli
     )
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=120, check=True
+    )  # fmt: skip
     mode, notes = json.loads(done.stdout.strip().splitlines()[-1])
     assert mode == "existing"
     assert any("llmspans.TailSamplingProcessor" in note for note in notes), notes

@@ -172,13 +172,8 @@ def test_with_a_b3_propagator_vllm_still_gets_a_w3c_traceparent() -> None:
 
     env = {**os.environ, "OTEL_PROPAGATORS": "b3"}
     done = subprocess.run(
-        [sys.executable, "-c", _PROPAGATION_RUN],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+        [sys.executable, "-c", _PROPAGATION_RUN], env=env, capture_output=True, text=True, timeout=60, check=True
+    )  # fmt: skip
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     (vllm_trace, openai_trace), (to_vllm, to_openai) = seen["trace_ids"], seen["headers"]
     assert to_vllm["b3"].startswith(vllm_trace)  # the app's propagator still ran

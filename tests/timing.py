@@ -42,6 +42,13 @@ def retry_timing(test: Any) -> Any:
             if fixture in kwargs:
                 kwargs[fixture].clear()
 
+    def again(attempt: int, error: AssertionError, kwargs: dict[str, Any]) -> None:
+        """A run failed: raise on the last, else say so and clear the records for the next."""
+        if attempt == 2:
+            raise error
+        retried(test, attempt, error)
+        reset(kwargs)
+
     if inspect.iscoroutinefunction(test):
 
         @functools.wraps(test)
@@ -50,10 +57,7 @@ def retry_timing(test: Any) -> Any:
                 try:
                     return await test(*args, **kwargs)
                 except AssertionError as error:
-                    if attempt == 2:
-                        raise
-                    retried(test, attempt, error)
-                    reset(kwargs)
+                    again(attempt, error, kwargs)
 
         return async_wrapper
 
@@ -63,10 +67,7 @@ def retry_timing(test: Any) -> Any:
             try:
                 return test(*args, **kwargs)
             except AssertionError as error:
-                if attempt == 2:
-                    raise
-                retried(test, attempt, error)
-                reset(kwargs)
+                again(attempt, error, kwargs)
 
     return wrapper
 

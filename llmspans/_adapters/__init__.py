@@ -35,3 +35,11 @@ class Adapter(Protocol):
 
     def installed(self, client: Any) -> Settings | None:
         """The settings `client` was instrumented with, or None."""
+
+
+def derives_from(cls: type, libraries: tuple[str, ...], classes: tuple[str, ...]) -> bool:
+    """Whether `cls` is, or derives from, one of `classes` of one of `libraries` (matched by name: an adapter
+    never imports its client library to recognise it)."""
+    return any(
+        base.__module__.split(".")[0] in libraries and base.__name__ in classes for base in cls.__mro__
+    )

@@ -3,22 +3,44 @@ only as bytes: any plain httpx/httpx2 client's, and the openai SDK's raw streami
 (`with_streaming_response`, `with_raw_response`) that the app reads line by line.
 
 The SSE body is parsed event by event and each content event stamped at the instant its bytes came;
-a JSON body is kept (bounded) and read once complete. Nothing is buffered beyond that one body.
+a JSON body is kept (bounded) and read once complete. Nothing is buffered beyond that one body. The
+commonest event, a mid-stream chunk of a chat or completions stream, is read by its bytes, unparsed
+(`_openai_wire.compact_carries_tokens`): it is most of a stream, and of what reading one costs.
 """
 
 from __future__ import annotations
 
+import contextvars
 import zlib
-from typing import Any
+from typing import Any, Protocol
 
 from llmspans import _content, _conversation, _openai_wire, _sse
 from llmspans import _sites as sites
 from llmspans._call import CallRecord
 from llmspans._guard import check_fault, report, swallow
+from llmspans._openai_wire import compact_carries_tokens
 
-__all__ = ["BodyReader", "JsonObserver", "StreamObserver"]
+__all__ = ["BodyReader", "ChunkListener", "JsonObserver", "StreamObserver", "chunk_listener"]
 
 _MAX_JSON_BODY = 8 * 1024 * 1024
+
+
+class ChunkListener(Protocol):
+    """Whoever wants the instant of each content chunk of the streamed calls made in this thread or task (the
+    load tool, for its inter-token figures), told with the very stamp the call's record takes."""
+
+    def watching(self) -> None:
+        """A reader took this request's streamed body: each of its content chunks will be told."""
+
+    def chunk(self, now_ns: int) -> None:
+        """A content chunk arrived at `now_ns` (`perf_counter_ns`, the read that brought it)."""
+
+
+chunk_listener: contextvars.ContextVar[ChunkListener | None] = contextvars.ContextVar(
+    "llmspans_chunk_listener", default=None
+)
+_DATA = b"data: "
+_EVENT_END = b"\n\n"
 
 
 class BodyReader:
@@ -69,20 +91,25 @@ class StreamObserver(BodyReader):
     The parser calls back into `StreamEvents`, which holds neither the parser nor this observer: a
     callback bound to the observer itself would make a reference cycle of every call (garbage for the
     collector rather than freed when the call ends).
+
+    A body whose events end in a blank line of bare newlines and hold one `data: ` line each is split here,
+    by bytes, and a mid-stream chunk's content read off its bytes; any other event is handed, whole, to the
+    SSE parser (which then sees only whole events, so its state is what it would be had it read the body
+    itself). A carriage return anywhere hands the rest of the body to the parser. A Responses stream, or a
+    call that keeps the answer's content, is parsed event by event throughout.
     """
 
     def __init__(self, record: CallRecord, capture: _content.CaptureSetting, responses_api: bool) -> None:
         self.record = record
         self.capture = capture
         output = _conversation.OutputMessages(_content.limit(record)) if capture else None
-        self._events = self._events_for(record, output, responses_api)
+        listener = self._listener = chunk_listener.get()
+        if listener is not None:
+            listener.watching()
+        self._events = StreamEvents(record, output, responses_api, listener)
         self._parser = _sse.SSEObserver(self._events.on_event)
-
-    def _events_for(
-        self, record: CallRecord, output: _conversation.OutputMessages | None, responses_api: bool
-    ) -> StreamEvents:
-        """What reads each event (a subclass may read some of them its own way: the load tool's client)."""
-        return StreamEvents(record, output, responses_api)
+        self._pending = b""
+        self._split = not responses_api and output is None  # False once the body is not plain `data:` lines
 
     @property
     def responses_api(self) -> bool:
@@ -98,7 +125,26 @@ class StreamObserver(BodyReader):
 
     def read(self, chunk: bytes, now_ns: int) -> None:
         self._events.now = now_ns
-        self._parser.feed(chunk)
+        if not self._split or b"\r" in chunk:
+            if self._split:
+                self._split = False
+                chunk, self._pending = self._pending + chunk, b""
+            self._parser.feed(chunk)
+            return
+        buffer = self._pending + chunk if self._pending else chunk
+        *events, self._pending = buffer.split(_EVENT_END)
+        record = self.record
+        for event in events:
+            if record.response_id is not None and event.startswith(_DATA) and b"\n" not in event:
+                content = compact_carries_tokens(event[6:])
+                if content is not None:
+                    if content:
+                        record.content_chunk(now_ns, 1)
+                        if self._listener is not None:
+                            self._listener.chunk(now_ns)
+                    continue
+            if event:
+                self._parser.feed(event + _EVENT_END)
 
     def finish(self, now_ns: int, error: BaseException | None) -> None:
         output = self._events.output
@@ -110,20 +156,30 @@ class StreamObserver(BodyReader):
 class StreamEvents:
     """What each SSE event of a stream says, on its call (the parser's callback; see `StreamObserver`)."""
 
-    __slots__ = ("complete", "now", "output", "record", "responses_api")
+    __slots__ = ("complete", "listener", "now", "output", "record", "responses_api")
 
     def __init__(
-        self, record: CallRecord, output: _conversation.OutputMessages | None, responses_api: bool
-    ) -> None:
+        self, record: CallRecord, output: _conversation.OutputMessages | None, responses_api: bool,
+        listener: ChunkListener | None = None,
+    ) -> None:  # fmt: skip
         self.record = record
         self.output = output
         self.responses_api = responses_api
+        self.listener = listener
         self.now = 0
         self.complete = False
 
     def on_event(self, event: str | None, data: str) -> None:
         output = self.output
         if output is None:
+            if event is None and not self.responses_api and self.record.response_id is not None:
+                content = compact_carries_tokens(data)  # a mid-stream chunk, read unparsed
+                if content is not None:
+                    if content:
+                        self.record.content_chunk(self.now, 1)
+                        if self.listener is not None:
+                            self.listener.chunk(self.now)
+                    return
             info = _openai_wire.classify(event, data)
             if info is None:
                 return
@@ -149,6 +205,8 @@ class StreamEvents:
             if info.output_tokens is not None:  # cumulative usage on every chunk: exact tokens per chunk
                 tokens = max(1, info.output_tokens - (record.output_tokens or 0))
             record.content_chunk(self.now, tokens)
+            if self.listener is not None:
+                self.listener.chunk(self.now)
         if record.response_id is None:
             record.set_response(info.response_id, info.model)
             if info.attributes:  # a stream's tier and fingerprint, said on its first chunk

@@ -20,15 +20,15 @@ from typing import Any
 import wrapt
 from opentelemetry import context as otel_context
 
-from llmspans import _content, _conversation, _guard, _openai_wire, _telemetry, _transport
+from llmspans import _content, _conversation, _guard, _internals, _openai_wire, _telemetry, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
-from llmspans._adapters import openai_entry
+from llmspans._adapters import derives_from, openai_entry
 from llmspans._adapters.body_readers import StreamObserver
 from llmspans._adapters.openai_entry import called_at
 from llmspans._call import CallRecord
 from llmspans._guard import Deliberate, check_fault, report, swallow
-from llmspans._openai_wire import RESPONSES_DELTAS, ChunkInfo
+from llmspans._openai_wire import ChunkInfo, carries_tokens, choice_carries_tokens
 from llmspans._settings import Settings
 from llmspans._stream import AsyncStreamProxy, SyncStreamProxy
 
@@ -48,10 +48,7 @@ class OpenAISDK:
         return self.matches_class(type(target))
 
     def matches_class(self, cls: type) -> bool:
-        return any(
-            base.__module__.split(".")[0] == "openai" and base.__name__ in ("OpenAI", "AsyncOpenAI")
-            for base in cls.__mro__
-        )
+        return derives_from(cls, ("openai",), ("OpenAI", "AsyncOpenAI"))
 
     def default_provider(self, client: Any) -> str:
         """`azure.ai.openai` for an Azure client (the conventions' value), else `openai`."""
@@ -134,11 +131,7 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
         content = False
         for choice in choices:
             delta = choice.delta
-            if (
-                not content
-                and delta is not None
-                and (delta.content or delta.tool_calls or delta.refusal or reasoning_in(delta))
-            ):
+            if not content and delta is not None and choice_carries_tokens(choice):
                 content = True  # one content chunk however many choices it carries
                 record.content_chunk(now, _tokens_in(record, usage) if usage is not None else 1)
             reason = choice.finish_reason
@@ -152,7 +145,8 @@ def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
 
 def _chat_text_item(reading: _Reading, item: Any, now: int) -> bool:
     """`_chat_item` for a call that captures no content, with a shortcut for the chunk nearly all of a
-    stream is: one choice whose delta carries text, no finish reason, no usage, not the first chunk."""
+    stream is: one choice whose delta carries text, no finish reason, no usage, not the first chunk (the
+    commonest case of `_openai_wire.carries_tokens`, read inline)."""
     choices = item.choices
     if choices and len(choices) == 1 and item.usage is None:
         choice = choices[0]
@@ -163,13 +157,6 @@ def _chat_text_item(reading: _Reading, item: Any, now: int) -> bool:
                 record.content_chunk(now)
                 return False
     return _chat_item(reading, item, now)
-
-
-def reasoning_in(delta: Any) -> bool:
-    """Reasoning in a chunk: vLLM's `reasoning` or DeepSeek's `reasoning_content`, fields the SDK's types
-    do not declare (a model keeps them in its extras: looked up there, not through `getattr`'s exception)."""
-    extra = getattr(delta, "__pydantic_extra__", None)
-    return bool(extra and (extra.get("reasoning") or extra.get("reasoning_content")))
 
 
 def _tokens_in(record: CallRecord, usage: Any) -> int:
@@ -186,7 +173,7 @@ def _completion_item(reading: _Reading, item: Any, now: int) -> bool:
         _first_chunk(record, item)
     choices = item.choices
     if choices:
-        if choices[0].text:
+        if carries_tokens(item):
             record.content_chunk(now)
         for choice in choices:
             if choice.finish_reason:
@@ -199,11 +186,11 @@ def _completion_item(reading: _Reading, item: Any, now: int) -> bool:
 
 
 def _responses_item(reading: _Reading, item: Any, now: int) -> bool:
+    if carries_tokens(item):
+        reading.record.content_chunk(now)
+        return False
     kind = getattr(item, "type", None)
-    if isinstance(kind, str) and kind in RESPONSES_DELTAS:
-        if getattr(item, "delta", None):
-            reading.record.content_chunk(now)
-    elif kind in _RESPONSE_EVENTS:
+    if kind in _RESPONSE_EVENTS:
         _apply(reading.record, _openai_wire.read_response_event(kind, getattr(item, "response", None)))
     return False
 
@@ -218,34 +205,27 @@ def _item_reader(operation_path: str, capturing: bool) -> Callable[[_Reading, An
     return _capturing_completion_item if capturing else _completion_item
 
 
-def _capturing_chat_item(reading: _Reading, item: Any, now: int) -> bool:
-    hidden = _chat_item(reading, item, now)
-    try:
-        check_fault(sites.CONTENT_CHUNK)
-        reading.output.chat_chunk(item)  # type: ignore[union-attr]
-    except Exception as failure:  # the answer's content is incomplete; its timing is not
-        report(sites.CONTENT_CHUNK, failure)
-    return hidden
+ItemReader = Callable[[_Reading, Any, int], bool]
 
 
-def _capturing_completion_item(reading: _Reading, item: Any, now: int) -> bool:
-    hidden = _completion_item(reading, item, now)
-    try:
-        check_fault(sites.CONTENT_CHUNK)
-        reading.output.completion_chunk(item)  # type: ignore[union-attr]
-    except Exception as failure:
-        report(sites.CONTENT_CHUNK, failure)
-    return hidden
+def _capturing(read: ItemReader, keep: Callable[[_conversation.OutputMessages, Any], None]) -> ItemReader:
+    """`read`, which also keeps each item's piece of the answer (content capture on)."""
+
+    def capturing(reading: _Reading, item: Any, now: int) -> bool:
+        hidden = read(reading, item, now)
+        try:
+            check_fault(sites.CONTENT_CHUNK)
+            keep(reading.output, item)  # type: ignore[arg-type]
+        except Exception as failure:  # the answer's content is incomplete; its timing is not
+            report(sites.CONTENT_CHUNK, failure)
+        return hidden
+
+    return capturing
 
 
-def _capturing_responses_item(reading: _Reading, item: Any, now: int) -> bool:
-    hidden = _responses_item(reading, item, now)
-    try:
-        check_fault(sites.CONTENT_CHUNK)
-        reading.output.responses_event(item)  # type: ignore[union-attr]
-    except Exception as failure:
-        report(sites.CONTENT_CHUNK, failure)
-    return hidden
+_capturing_chat_item = _capturing(_chat_item, _conversation.OutputMessages.chat_chunk)
+_capturing_completion_item = _capturing(_completion_item, _conversation.OutputMessages.completion_chunk)
+_capturing_responses_item = _capturing(_responses_item, _conversation.OutputMessages.responses_event)
 
 
 def _read_result(reading: _Reading, result: Any) -> None:
@@ -312,13 +292,7 @@ class OpenAIInstrumentation:
         self.settings = settings
         self.is_async = isinstance(client, openai.AsyncOpenAI)
         self._stream_types = (openai.Stream, openai.AsyncStream)
-        from openai import _legacy_response, _response
-
-        self._raw_types = (
-            _legacy_response.LegacyAPIResponse,
-            _response.APIResponse,
-            _response.AsyncAPIResponse,
-        )
+        self._raw_types = _internals.openai_raw_response_types()
         self._original_request = client.request
         self._send = self._original_request  # what sends an LLM call: the SDK's request, or a hedge's
         self._original_copy = client.copy
@@ -330,7 +304,8 @@ class OpenAIInstrumentation:
         client.copy = client.with_options = self._copy
         if self.settings.hedge is not None:
             self._send = self.settings.hedge.sender(client, self._original_request, self.settings.limiter)
-        self._transport_installed = _transport.install(client._client)
+        http_client = _internals.openai_http_client(client)
+        self._transport_installed = http_client is not None and _transport.install(http_client)
         setattr(client, _MARK, self)
 
     def uninstall(self) -> None:
@@ -338,7 +313,7 @@ class OpenAIInstrumentation:
         for attribute in ("request", "copy", "with_options", "_prepare_request"):  # the last: a sync hedge's
             client.__dict__.pop(attribute, None)
         if self._transport_installed:
-            _transport.remove(client._client)
+            _transport.remove(_internals.openai_http_client(client))
         client.__dict__.pop(_MARK, None)
         self.settings.close()
 
@@ -354,7 +329,7 @@ class OpenAIInstrumentation:
     def _begin(self, options: Any, sinks: _telemetry.Sinks | None) -> tuple[_Reading, Any] | None:
         """Open the call for one request (None: not an LLM call, or llmspans failed and stands aside)."""
         try:
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.OPENAI_BEGIN)
             return self._open(options, sinks)
         except Deliberate:  # a prompt cap refusing the call: the app's to see
@@ -410,7 +385,7 @@ class OpenAIInstrumentation:
         """The object to hand the caller: a stream proxy, a raw-response proxy, or the result itself;
         None when llmspans failed (the caller then gets the SDK's object)."""
         try:
-            if _guard._faults:
+            if _guard.faults:
                 check_fault(sites.OPENAI_RESULT)
             if isinstance(result, self._stream_types):
                 proxy: type[Any] = (
@@ -466,17 +441,8 @@ class OpenAIInstrumentation:
         reading, args, kwargs = begun
         if self.settings.limiter is not None:
             reading.record.admit(self.settings.limiter)  # a limiter timeout is the caller's error to see
-        # The call is current while the SDK sends it: for the transport, and as the parent of spans.
-        record = reading.record
-        call_token, context_token = _transport.active_call.set(record), otel_context.attach(record.context())
-        try:
+        with _Sending(reading):
             result = self._send(*args, **kwargs)
-        except BaseException as error:
-            _failed(reading, error)
-            raise
-        finally:
-            otel_context.detach(context_token)
-            _transport.active_call.reset(call_token)
         return self._hand_over(reading, result)
 
     async def _async_request(self, *args: Any, **kwargs: Any) -> Any:
@@ -489,23 +455,38 @@ class OpenAIInstrumentation:
         reading, args, kwargs = begun
         if self.settings.limiter is not None:
             await reading.record.admit_async(self.settings.limiter)
-        record = reading.record
-        call_token, context_token = _transport.active_call.set(record), otel_context.attach(record.context())
-        try:
+        with _Sending(reading):
             result = await self._send(*args, **kwargs)
-        except BaseException as error:
-            _failed(reading, error)
-            raise
-        finally:
-            otel_context.detach(context_token)
-            _transport.active_call.reset(call_token)
         return self._hand_over(reading, result)
+
+
+class _Sending:
+    """The call is current while the SDK sends it (for the transport, and as the parent of spans), and what the
+    SDK raises is the call's failure; sync or async alike."""
+
+    __slots__ = ("call_token", "context_token", "reading")
+
+    def __init__(self, reading: _Reading) -> None:
+        self.reading = reading
+
+    def __enter__(self) -> None:
+        record = self.reading.record
+        self.call_token = _transport.active_call.set(record)
+        self.context_token = otel_context.attach(record.context())
+
+    def __exit__(self, exc_type: Any, error: BaseException | None, traceback: Any) -> None:
+        try:
+            if error is not None:
+                _failed(self.reading, error)
+        finally:
+            otel_context.detach(self.context_token)
+            _transport.active_call.reset(self.call_token)
 
 
 def raw_mode(options: Any) -> str | None:
     """`stream` (`with_streaming_response`), `raw` or `true` (`with_raw_response`), or None."""
     headers = getattr(options, "headers", None)
-    if not isinstance(headers, Mapping):
+    if not headers or not isinstance(headers, Mapping):  # mostly not given (falsy): no class check then
         return None
     mode = headers.get(_RAW_RESPONSE_HEADER, headers.get(_RAW_RESPONSE_HEADER.lower()))
     return mode if isinstance(mode, str) else None

@@ -15,6 +15,7 @@ from typing import Any
 from llmspans import _content, _openai_wire, _retries, _telemetry, _transport
 from llmspans import _names as names
 from llmspans import _sites as sites
+from llmspans._adapters import derives_from
 from llmspans._adapters.body_readers import JsonObserver, StreamObserver
 from llmspans._call import CallRecord
 from llmspans._guard import guarded, swallow
@@ -32,11 +33,7 @@ class PlainHTTP:
         return self.matches_class(type(target))
 
     def matches_class(self, cls: type) -> bool:
-        return any(
-            base.__module__.split(".")[0] in ("httpx", "httpx2")
-            and base.__name__ in ("Client", "AsyncClient")
-            for base in cls.__mro__
-        )
+        return derives_from(cls, ("httpx", "httpx2"), ("Client", "AsyncClient"))
 
     def default_provider(self, client: Any) -> str:
         return names.PROVIDER_OPENAI  # an OpenAI-compatible API; `provider=` names the server

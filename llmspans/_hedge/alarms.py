@@ -8,7 +8,8 @@ import itertools
 import os
 import threading
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any
 
 from llmspans import _sites as sites
 from llmspans._guard import report
@@ -16,18 +17,15 @@ from llmspans._guard import report
 _SLACK = 64  # dead entries kept in the heap beyond the live ones before it is rebuilt without them
 
 
-class Alarmed(Protocol):
-    def fire_sync(self) -> None:
-        """Its alarm rang: send the backup (from the alarm thread, which must not block)."""
-
-
 class Alarm:
-    """One armed alarm: `cancel()` lets go of its race at once (the heap keeps a dead entry of two ints)."""
+    """One armed alarm: `cancel()` lets go of its race at once (the heap keeps a dead entry of two ints). When it
+    rings, `ring(race)` runs in the alarm thread, which it must not block."""
 
-    __slots__ = ("race",)
+    __slots__ = ("race", "ring")
 
-    def __init__(self, race: Alarmed) -> None:
-        self.race: Alarmed | None = race
+    def __init__(self, race: Any, ring: Callable[[Any], None]) -> None:
+        self.race: Any = race
+        self.ring = ring
 
     def cancel(self) -> None:
         alarms.cancelled(self)
@@ -52,8 +50,8 @@ class Alarms:
         """Entries in the heap, dead or alive (what a test of its memory reads)."""
         return len(self._due)
 
-    def schedule(self, at_ns: int, race: Alarmed) -> Alarm:
-        alarm = Alarm(race)
+    def schedule(self, at_ns: int, race: Any, ring: Callable[[Any], None]) -> Alarm:
+        alarm = Alarm(race, ring)
         with self._lock:
             due = self._due
             heapq.heappush(due, (at_ns, next(self._order), alarm))
@@ -93,17 +91,17 @@ class Alarms:
                     wait_ns = at_ns - time.perf_counter_ns()
                     if wait_ns <= 0:
                         heapq.heappop(due)
-                        race, head.race = head.race, None
+                        race, ring, head.race = head.race, head.ring, None
                         self._live -= 1
                         break
                     self._waking_at = at_ns
                     self._wake.wait(wait_ns / 1e9)
             try:
-                race.fire_sync()
+                ring(race)
             except Exception as failure:
                 report(sites.HEDGE_FIRE, failure)
             # Not kept until the next alarm: a call the app dropped unclosed must be collectable.
-            del race, head
+            del race, ring, head
 
     def forget(self) -> None:
         """At fork: the child has no alarm thread; its next sync hedged call starts one."""

@@ -1,21 +1,24 @@
-"""One copy of a hedged call, as the transport sees it: the attempts it makes and the bytes it reads.
+"""One copy of a hedged call, as the transport sees it: the attempts it makes and the stream it reads ahead in.
 
-A copy costs nothing until it matters: no attempt span of its own before a backup is sent (the primary's is
-made then, or at the call's end with its real start, as a retried call's first attempt is), no connection
-looked up until it has to be stopped. How a loser is stopped: an asyncio copy is cancelled (the backup's
-task, or the caller's own task while it runs the primary); a sync copy's HTTP/1.1 socket is shut down,
-which wakes the read it is blocked in, and what fails after that is turned into `HedgeCancelled` so the SDK
-does not retry it (`HedgeCopy.watch`).
+A copy is a `_transport.AttemptWatcher` that composes the call: its attempts are children of the call span,
+on the call's clock; the primary's are the call's own list (an unfired hedge adds no record of its own),
+the backup's a list of its own until it wins. A copy costs nothing until it matters: no attempt span of its
+own before a backup is sent (the primary's is made then, or at the call's end with its real start, as a
+retried call's first attempt is), no request followed until it may have to be stopped. How a loser is
+stopped: an asyncio copy is cancelled (the backup's task, or the caller's own task while it runs the
+primary); a sync copy's HTTP/1.1 connection is shut down by the transport (`AttemptControl.interrupt`),
+which wakes the read it is blocked in, and what fails after that is turned into `HedgeCancelled`, so the
+SDK does not retry it (`Copy.follow`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from llmspans import _names as names
@@ -24,94 +27,40 @@ from llmspans import _sites as sites
 from llmspans._budget import seconds
 from llmspans._call import Attempt, CallRecord
 from llmspans._guard import report, swallow
+from llmspans._transport import AttemptControl, AttemptRefused
 
 PREFETCH = 256  # items read ahead of a stream's first content chunk, at most (role chunks, events)
-_FRAMES = 40  # frames looked through, innermost first, for the HTTP/1.1 connection a sync copy is in
 
 
-class HedgeCancelled(BaseException):
-    """Stops a sync copy that lost (or was refused a retry): a BaseException, so neither the openai SDK's
-    retry loop nor any handler of ordinary errors takes it for a failure to retry; it never reaches the app."""
+class HedgeCancelled(AttemptRefused):
+    """Stops a copy that lost (or was refused a retry): a BaseException, so neither the openai SDK's retry loop
+    nor any handler of ordinary errors takes it for a failure to retry; it never reaches the app."""
 
 
 class Contest(Protocol):
     """What a copy needs of its race (`race.Race`)."""
 
     call: CallRecord
-    winner: HedgeCopy | None
+    winner: Copy | None
+    is_async: bool
+    lock: threading.Lock
     is_content: Callable[[Any], bool]
 
-    def claim(self, copy: HedgeCopy, at_ns: int) -> bool: ...
+    def claim(self, copy: Copy, at_ns: int) -> bool: ...
 
 
-class CopyAttempt(Attempt):
-    """An attempt of a copy: its span says which copy it is, and whether it won, from the moment it has one.
-    The transport makes a plain `Attempt`; `CopyAttempts.append` makes it this (the same layout, no slots)."""
-
-    role = names.HEDGE_ROLE_PRIMARY
-    _span: Any = None
-
-    @property
-    def span(self) -> Any:
-        return self._span
-
-    @span.setter
-    def span(self, span: Any) -> None:
-        self._span = span
-        if span is not None:
-            with swallow(sites.HEDGE_SPAN):
-                span.set_attributes({names.HEDGE_ROLE: self.role, names.HEDGE_WON: False})
+# What a copy's attempt spans say from the start: which copy it is, and that it has not won (yet).
+_ROLE_ATTRIBUTES = {
+    role: MappingProxyType({names.HEDGE_ROLE: role, names.HEDGE_WON: False})
+    for role in (names.HEDGE_ROLE_PRIMARY, names.HEDGE_ROLE_BACKUP)
+}
 
 
-class CopyAttempts(list[Attempt]):
-    """A copy's attempts. The transport appends each one as it starts, before its span is made: here it
-    becomes the copy's, and a copy that lost sends nothing more (the SDK retrying it after its back-off).
-    A hedge adds nothing to the transport's per-attempt path; a call without one never meets this list."""
+class Copy:
+    """One copy of a hedged call: the watcher of the attempts it makes, and what its race needs to know of it.
 
-    def __init__(self, owner: HedgeCopy) -> None:
-        super().__init__()
-        self.owner = weakref.ref(owner)  # weak: the copy holds this list (no cycle for the collector)
-
-    def append(self, attempt: Attempt) -> None:
-        copy = self.owner()
-        if copy is None:  # pragma: no cover - a copy's request runs with the copy current
-            raise HedgeCancelled(names.HEDGE_ROLE_PRIMARY)
-        if copy.cancelled:
-            raise HedgeCancelled(copy.role)
-        if type(attempt) is Attempt:
-            attempt.__class__ = CopyAttempt
-            attempt.role = copy.role  # type: ignore[attr-defined]
-        super().append(attempt)
-
-
-class _CopyWatch:
-    """The copy's response headers, as the transport sees them arrive: a call that does not stream is won
-    by the first copy whose headers say 2xx (a stream is won at its first content chunk: no watch)."""
-
-    complete = False
-    muted = False
-
-    def __init__(self, copy: HedgeCopy) -> None:
-        self.copy = weakref.ref(copy)  # weak: the copy holds its watch (no cycle for the collector)
-
-    def response_headers(self, headers: Any) -> None:
-        copy = self.copy()
-        if copy is not None:
-            copy.responded()
-
-    def feed(self, chunk: bytes, now_ns: int) -> None:
-        pass
-
-    def finish(self, now_ns: int, error: BaseException | None) -> None:
-        pass
-
-
-class HedgeCopy(CallRecord):
-    """One copy of a hedged call, as the transport sees it: the attempts it makes and the bytes it reads.
-
-    Its span, clock and shape are the logical call's (`race.call`): its attempt spans are children of the
-    call span. It is never finished, only won, lost or failed; `interrupt()` stops it from another thread
-    or task, once, and never after it won.
+    It is never finished, only won, lost or failed; `interrupt()` stops it from another thread or task, once,
+    and never after it won.
     """
 
     # What a copy starts with (class defaults: a primary is made on every hedged call).
@@ -124,40 +73,32 @@ class HedgeCopy(CallRecord):
     reported_output: int | None = None
     release: Callable[[], None] | None = None  # gives back the limiter slot it holds, if any
     wasted: tuple[int, int | None] | None = None  # (output, input) it had when it lost
-    # A sync copy: the thread it runs in; its latest request, followed through httpcore's trace events once
-    # it may have to be stopped (`watching`: a backup, or a primary whose backup was sent); whether that
-    # request holds its connection (from its headers' sending to its response's close), and the
-    # connection's stream once its response came.
-    thread = 0
-    request: Any = None
+    # The attempt under way (or the last one) and what the transport lets us do with it. A sync copy's requests
+    # are followed once it may have to be stopped (`watching`: a backup, or a primary whose backup was sent),
+    # and `sending` says whether its request holds its connection (from its headers' sending to its
+    # response's close), so that `interrupt` never shuts down a connection another request has since taken.
+    attempt: Attempt | None = None
+    control: AttemptControl | None = None
     watching = False
     sending = False
-    network_stream: Any = None
     # An async copy: the backup's task, or the caller's while it runs the primary (`running`).
     task: asyncio.Task[Any] | None = None
     running = False
 
-    def __init__(self, race: Contest, role: str) -> None:  # CallRecord's own set-up is the call's, not ours
-        call = race.call
+    def __init__(self, race: Contest, role: str, attempts: list[Attempt]) -> None:
+        call = self.call = race.call
         # Weak: the race holds its copies. Whatever runs a copy (the caller's frame, a backup's thread or
         # task, the alarm) holds the race, so it is there whenever the copy is at work; the race and its
         # copies are then freed by reference counting when the call is over, not left for the collector.
         self._race = weakref.ref(race)
         self.role = role
-        self.attempts = CopyAttempts(self)
-        self.span = call.span
-        self.recording = call.recording
-        self.suppressed = call.suppressed
-        self.shape = call.shape
-        self.queued_ns = call.queued_ns
-        self.wall_anchor_ns = call.wall_anchor_ns
+        self.attempts = attempts
         self.stream = call.stream
+        self.is_async = race.is_async
         # The backup's attempts have their spans as they run (its `traceparent` names them); the primary's
         # only once a backup is sent, or as the call asked (`attempt_spans="always"`).
         self.attempt_spans_always = call.attempt_spans_always or role != names.HEDGE_ROLE_PRIMARY
-        if not self.stream:
-            self.body_observer = _CopyWatch(self)
-        self.lock = threading.Lock()
+        self.lock = race.lock  # the race's: one lock for a race and its copies (never held while waiting)
         if role != names.HEDGE_ROLE_PRIMARY:
             self.watching = True
 
@@ -168,22 +109,33 @@ class HedgeCopy(CallRecord):
             raise HedgeCancelled(self.role)
         return race
 
-    # --- what the transport calls ---
+    # --- what the transport tells (`_transport.AttemptWatcher`) ---
 
-    def attempt(self, started_ns: int, method: str = "POST", url: Any = None) -> Attempt:
-        attempt = Attempt(started_ns, method, url)
-        self.attempts.append(attempt)  # raises HedgeCancelled for a copy that lost
-        return attempt
+    def attempt_started(self, attempt: Attempt, control: AttemptControl) -> None:
+        """An attempt of this copy is about to be sent: kept, or refused when the copy lost (the SDK retrying
+        it after its back-off), so that a copy that lost sends nothing more."""
+        with self.lock:
+            if self.cancelled:
+                raise HedgeCancelled(self.role)
+            self.attempt, self.control = attempt, control
+            watching = self.watching and not self.is_async
+        attempt.span_attributes = _ROLE_ATTRIBUTES[self.role]
+        self.attempts.append(attempt)
+        if watching:
+            self.follow(control.request)
 
-    def finish(self, outcome: str, error: BaseException | None = None, now_ns: int | None = None) -> None:
-        """A copy is never finished: its call is."""
+    def attempt_answered(self, attempt: Attempt) -> None:
+        """A call that does not stream is won by the first copy whose headers say 2xx (a stream is won at its
+        first content chunk)."""
+        status = attempt.status
+        if not self.stream and status is not None and 200 <= status < 300:
+            self.reach(time.perf_counter_ns())
 
-    def responded(self) -> None:
-        now = time.perf_counter_ns()
-        attempts = self.attempts
-        status = attempts[-1].status if attempts else None
-        if status is not None and 200 <= status < 300:
-            self.reach(now)
+    def attempt_body_done(self, attempt: Attempt) -> None:
+        pass
+
+    def attempt_failed(self, attempt: Attempt, error: BaseException) -> None:
+        pass
 
     # --- the race ---
 
@@ -206,40 +158,29 @@ class HedgeCopy(CallRecord):
             if self.cancelled or self.race.winner is self:
                 return
             self.cancelled = True
-            if self.sending:
+            control = self.control if self.sending else None
+            if control is not None:
                 with swallow(sites.HEDGE_CONNECTION):
-                    stream = self.network_stream or _http11_stream(self.thread)
-                    if stream is not None:
-                        _shut_down(stream)
+                    control.interrupt()
         task = self.task
         if task is not None and (self.running or self.role != names.HEDGE_ROLE_PRIMARY) and not task.done():
             task.cancel()
 
-    # --- a sync copy's requests (see `openai_glue.watch_requests`) ---
-
-    def prepared(self, request: Any) -> None:
-        """A request of this sync copy was built (`openai_glue.watch_requests`): followed if it may have to
-        be stopped, else only kept, to be followed from when it may (`watch_now`)."""
-        with self.lock:
-            watching = self.watching
-            if not watching:
-                self.request = request
-        if watching:
-            self.watch(request)
+    # --- a sync copy's requests ---
 
     def watch_now(self) -> None:
-        """This copy may have to be stopped from now on (its backup was sent): its requests are followed,
-        the one under way too, taken as holding its connection (`interrupt` looks for it only in the
-        frames of a thread inside an HTTP/1.1 connection)."""
+        """This copy may have to be stopped from now on (its backup was sent): its requests are followed, the
+        one under way too, taken as holding its connection until its response is closed."""
         with self.lock:
             self.watching = True
-            request, self.request = self.request, None
-            if request is not None:
+            attempt, control = self.attempt, self.control
+            under_way = attempt is not None and control is not None and attempt.ended_ns is None
+            if under_way:
                 self.sending = True
-        if request is not None:
-            self.watch(request)
+        if under_way:
+            self.follow(control.request)  # type: ignore[union-attr]
 
-    def watch(self, request: Any) -> None:
+    def follow(self, request: Any) -> None:
         """Follow one request of this copy through httpcore's trace events: while it holds its HTTP/1.1
         connection (from its headers' sending to its response's close) `interrupt` may shut that connection
         down; and what fails after an interrupt becomes `HedgeCancelled`."""
@@ -253,7 +194,6 @@ class HedgeCopy(CallRecord):
             elif event == _RELEASING:
                 with copy.lock:
                     copy.sending = False
-                    copy.network_stream = None
             if previous is not None:
                 previous(event, info)
             if copy.cancelled and event.endswith((".failed", ".started")) and "response_closed" not in event:
@@ -265,60 +205,38 @@ class HedgeCopy(CallRecord):
 
     def read_ahead(self, stream: Any) -> ReadAhead:
         """Read a sync stream up to its first content chunk (or its end) and claim the call there."""
-        self._note_stream(stream)
-        buffered: list[tuple[Any, int]] = []
-        is_content = self.race.is_content
+        ahead = _Ahead(self)
         try:
-            while True:
+            while not ahead.done:
                 try:
-                    item = stream.__next__()
+                    ahead.take(stream.__next__())
                 except StopIteration:
-                    won = self.reach(time.perf_counter_ns())
-                    break
-                stamp = self.bytes_at_ns or time.perf_counter_ns()
-                buffered.append((item, stamp))
-                if self._content(is_content, item) or len(buffered) >= PREFETCH:
-                    won = self.reach(stamp)
-                    break
-            if not won:
-                raise HedgeCancelled(self.role)
+                    ahead.end()
+            return ahead.result(stream)
         except BaseException:
             with swallow(sites.HEDGE_CLOSE):
                 stream.close()
             raise
-        return ReadAhead(stream, buffered)
-
-    def _note_stream(self, stream: Any) -> None:
-        """The HTTP/1.1 connection a sync stream is read from, for `interrupt` (HTTP/2 shares one: not it)."""
-        with swallow(sites.HEDGE_CONNECTION):
-            extensions = stream.response.extensions
-            if extensions.get("http_version", b"HTTP/1.1") in (b"HTTP/1.1", b"HTTP/1.0"):
-                with self.lock:
-                    if self.sending or not self.watching:  # unwatched: what it is, should it need stopping
-                        self.network_stream = extensions.get("network_stream")
 
     async def read_ahead_async(self, stream: Any) -> ReadAhead:
-        buffered: list[tuple[Any, int]] = []
-        is_content = self.race.is_content
+        """`read_ahead` for an async stream: only its I/O differs."""
+        ahead = _Ahead(self)
         try:
-            while True:
+            while not ahead.done:
                 try:
-                    item = await stream.__anext__()
+                    ahead.take(await stream.__anext__())
                 except StopAsyncIteration:
-                    won = self.reach(time.perf_counter_ns())
-                    break
-                stamp = self.bytes_at_ns or time.perf_counter_ns()
-                buffered.append((item, stamp))
-                if self._content(is_content, item) or len(buffered) >= PREFETCH:
-                    won = self.reach(stamp)
-                    break
-            if not won:
-                raise HedgeCancelled(self.role)
+                    ahead.end()
+            return ahead.result(stream)
         except BaseException:
             with swallow(sites.HEDGE_CLOSE):
                 await stream.close()
             raise
-        return ReadAhead(stream, buffered)
+
+    def stamp(self) -> int:
+        """When the read that completed the item just read arrived (the transport stamps its attempt)."""
+        attempts = self.attempts
+        return (attempts[-1].bytes_at_ns if attempts else 0) or time.perf_counter_ns()
 
     def _content(self, is_content: Callable[[Any], bool], item: Any) -> bool:
         usage = getattr(item, "usage", None)
@@ -349,31 +267,38 @@ _SENDING = "http11.send_request_headers.started"
 _RELEASING = "http11.response_closed.started"
 
 
-def _http11_stream(thread: int) -> Any:
-    """The network stream of the HTTP/1.1 connection `thread` is sending or reading on now: httpcore passes
-    its trace callbacks no connection, so it is found in that thread's frames (`HTTP11Connection`, in
-    httpcore and httpcore2 alike), only when a copy must be stopped. HTTP/2 multiplexes requests on one
-    connection, which must not be shut down for one of them: None there, and the copy stops at its next
-    trace event instead."""
-    frame = sys._current_frames().get(thread)
-    for _ in range(_FRAMES):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if type(owner).__name__ == "HTTP11Connection":
-            return getattr(owner, "_network_stream", None)
-        frame = frame.f_back
-    return None
+class _Ahead:
+    """What a copy reads ahead of its first content chunk, decided item by item without I/O: each item is kept
+    with when its bytes came, until one carries tokens (or `PREFETCH` were read, or the stream ended); the copy
+    then claims the call at that instant, and a copy that did not win is stopped."""
 
+    __slots__ = ("buffered", "copy", "done", "is_content", "won")
 
-def _shut_down(network_stream: Any) -> None:
-    """Wake whatever is blocked reading this connection: the read ends, the server sees the client leave."""
-    with swallow(sites.HEDGE_CLOSE):
-        sock = network_stream.get_extra_info("socket")
-        if sock is not None:
-            import socket
+    def __init__(self, copy: Copy) -> None:
+        self.copy = copy
+        self.is_content = copy.race.is_content
+        self.buffered: list[tuple[Any, int]] = []
+        self.done = False
+        self.won = False
 
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's: an SSL one keeps its state
+    def take(self, item: Any) -> None:
+        copy = self.copy
+        stamp = copy.stamp()
+        buffered = self.buffered
+        buffered.append((item, stamp))
+        if copy._content(self.is_content, item) or len(buffered) >= PREFETCH:
+            self.won = copy.reach(stamp)
+            self.done = True
+
+    def end(self) -> None:
+        """The stream ended before any content chunk: it is the copy's whole answer."""
+        self.won = self.copy.reach(time.perf_counter_ns())
+        self.done = True
+
+    def result(self, stream: Any) -> ReadAhead:
+        if not self.won:
+            raise HedgeCancelled(self.copy.role)
+        return ReadAhead(stream, self.buffered)
 
 
 class ReadAhead:

@@ -5,15 +5,16 @@ function that sends its calls."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmspans import _openai_wire, _transport
+from llmspans import _guard, _internals, _openai_wire, _transport
 from llmspans import _sites as sites
-from llmspans._adapters.openai_sdk import original_request, raw_mode, reasoning_in
+from llmspans._adapters.openai_sdk import original_request, raw_mode
 from llmspans._call import CallRecord
-from llmspans._guard import guarded
-from llmspans._hedge.copies import HedgeCopy
+from llmspans._guard import check_fault, report
+from llmspans._hedge import runs
 from llmspans._hedge.policy import Hedge, check_client, eligible, is_async
 from llmspans._hedge.race import Race
 from llmspans._limiter import Limiter
@@ -28,43 +29,53 @@ class Hedging:
         self.is_async = is_async(type(client))
         backup = hedge.backup
         if backup is not None and backup is not client:
-            # The backup's copies are observed by its transport as the primary's are (it records nothing of
-            # the backup's own calls, which have no call of ours around them), and a sync one can be stopped.
-            _transport.install(backup._client)
-            if not self.is_async:
-                watch_requests(backup)
+            # The backup's copies are watched by its transport as the primary's are (it records nothing of the
+            # backup's own calls, which have no call of ours around them): that is how a sync one is stopped.
+            http_client = _internals.openai_http_client(backup)
+            if http_client is not None:
+                _transport.install(http_client)
 
     def sender(self, client: Any, send: Callable[..., Any], limiter: Limiter | None) -> Callable[..., Any]:
         """What the adapter of `client` sends a call with, in place of `send` (the SDK's own request)."""
         if self.is_async:
             return functools.partial(_send_async, self, client, send, limiter)
-        watch_requests(client)
         return functools.partial(_send_sync, self, client, send, limiter)
 
-    @guarded(sites.HEDGE_BEGIN, None)
     def start(
         self, client: Any, send: Callable[..., Any], limiter: Limiter | None, args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Race | None:  # fmt: skip
-        """The race of one call, or None: a call that must not be sent twice (`eligible`)."""
-        call = _transport.active_call.get()
-        options = args[1] if len(args) > 1 else kwargs.get("options")
-        if call is None or type(call) is not CallRecord or options is None:
+        """The race of one call, or None: a call that must not be sent twice (`eligible`), or llmspans failed
+        (`sites.HEDGE_BEGIN`: the call goes unhedged). It runs on every call of a hedged client: no guard
+        wrapper, no abstract-class check where a plain dict is what comes."""
+        try:
+            if _guard.faults:
+                check_fault(sites.HEDGE_BEGIN)
+            call = _transport.active_call.get()
+            options = args[1] if len(args) > 1 else kwargs.get("options")
+            if call is None or type(call) is not CallRecord or options is None:
+                return None
+            url = getattr(options, "url", None)
+            if type(url) is not str or raw_mode(options) is not None:
+                return None  # a raw response the app reads itself
+            data = options.json_data
+            body: Mapping[str, Any] = data if type(data) is dict or isinstance(data, Mapping) else {}
+            extra = getattr(options, "extra_json", None)
+            if extra and isinstance(extra, Mapping):
+                body = {**body, **extra}
+            if not eligible(str(getattr(options, "method", "post")), url, body):
+                return None
+            is_content = (
+                _openai_wire.carries_tokens if call.stream else _whole
+            )  # a whole answer: at its headers
+            return Race(
+                self.hedge, call, send, functools.partial(self.backup_request, client, send), limiter, self.is_async,
+                args, kwargs, body, is_content,
+                time.perf_counter_ns(),
+            )  # fmt: skip
+        except Exception as failure:
+            report(sites.HEDGE_BEGIN, failure)
             return None
-        url = getattr(options, "url", None)
-        if not isinstance(url, str) or raw_mode(options) is not None:
-            return None  # a raw response the app reads itself
-        body: Mapping[str, Any] = options.json_data if isinstance(options.json_data, Mapping) else {}
-        extra = getattr(options, "extra_json", None)
-        if isinstance(extra, Mapping) and extra:
-            body = {**body, **extra}
-        if not eligible(str(getattr(options, "method", "post")), url, body):
-            return None
-        backup_send = functools.partial(self.backup_request, client, send)
-        is_content = _content_check(url) if call.stream else _whole  # a whole answer is won at its headers
-        return Race(
-            self.hedge, call, send, backup_send, limiter, self.is_async, args, kwargs, body, is_content
-        )
 
     def backup_request(self, client: Any, send: Callable[..., Any]) -> Callable[..., Any]:
         """What sends the backup: the client's own request, or the backup client's (under llmspans' own
@@ -75,78 +86,18 @@ class Hedging:
         return original_request(backup)
 
 
-def _send_sync(
-    hedging: Hedging,
-    client: Any,
-    send: Callable[..., Any],
-    limiter: Limiter | None,
-    *args: Any,
-    **kwargs: Any,
-) -> Any:
+def _send_sync(hedging: Hedging, client: Any, send: Callable[..., Any], limiter: Limiter | None, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
     race = hedging.start(client, send, limiter, args, kwargs)
-    if race is None:
-        return send(*args, **kwargs)
-    return race.run_sync()
+    return send(*args, **kwargs) if race is None else runs.run_sync(race)
 
 
-async def _send_async(
-    hedging: Hedging,
-    client: Any,
-    send: Callable[..., Any],
-    limiter: Limiter | None,
-    *args: Any,
-    **kwargs: Any,
-) -> Any:
+async def _send_async(hedging: Hedging, client: Any, send: Callable[..., Any], limiter: Limiter | None, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
     race = hedging.start(client, send, limiter, args, kwargs)
-    if race is None:
-        return await send(*args, **kwargs)
-    return await race.run_async()
-
-
-def watch_requests(client: Any) -> None:
-    """Let a sync client's copies be stopped: each request a copy sends gets its trace hook (`watch`),
-    through the SDK's own hook for amending a request once built."""
-    if client.__dict__.get("_prepare_request") is not None:
-        return
-    original = client._prepare_request
-
-    def prepare(request: Any) -> None:
-        original(request)
-        copy = _transport.active_call.get()
-        if type(copy) is HedgeCopy:
-            copy.prepared(request)
-
-    client._prepare_request = prepare
+    return await send(*args, **kwargs) if race is None else await runs.run_async(race)
 
 
 # --- what an SDK item says ------------------------------------------------------------------------------
 
 
-def _content_check(url: str) -> Callable[[Any], bool]:
-    """Whether an SDK item of this operation's stream carries tokens (the adapter's per-chunk readers' rule)."""
-    if _openai_wire.is_responses_path(url):
-        return _responses_content
-    if url.rstrip("/").endswith("/chat/completions"):
-        return _chat_content
-    return _completion_content
-
-
 def _whole(item: Any) -> bool:
     return True
-
-
-def _chat_content(item: Any) -> bool:
-    for choice in item.choices or ():
-        delta = choice.delta
-        if delta is not None and (delta.content or delta.tool_calls or delta.refusal or reasoning_in(delta)):
-            return True
-    return False
-
-
-def _completion_content(item: Any) -> bool:
-    choices = item.choices
-    return bool(choices and choices[0].text)
-
-
-def _responses_content(item: Any) -> bool:
-    return getattr(item, "type", None) in _openai_wire.RESPONSES_DELTAS and bool(getattr(item, "delta", None))

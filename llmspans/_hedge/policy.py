@@ -5,19 +5,17 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-import re
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from llmspans import _openai_wire
 from llmspans._adapters.openai_sdk import ADAPTER
-from llmspans._budget import parse_seconds
+from llmspans._budget import Percentile, parse_duration
 
 WINDOW = 200  # first-token times per model a percentile `after` is taken over
 MIN_SAMPLES = 20  # fewer than this, and a percentile `after` sends no backup: p95 of 19 is their maximum
 _MODELS = 64  # models with a window of their own, per Hedge
-_PERCENTILE = re.compile(r"^\s*p(\d+(?:\.\d+)?)\s*$")
 
 
 class Hedge:
@@ -72,24 +70,11 @@ class Hedge:
 
 
 def _parse_after(after: object) -> tuple[float | None, float | None]:
-    """(seconds, None) or (None, quantile), or an error that says what to pass."""
-    what = (
-        "Hedge(after=...) must be seconds (0.15), a duration such as '150ms', or a percentile of the "
-        "model's recent first tokens such as 'p95'"
-    )
-    if isinstance(after, bool) or not isinstance(after, (int, float, str)):
-        raise TypeError(f"{what}; got {after!r}")
-    if isinstance(after, str):
-        match = _PERCENTILE.match(after)
-        if match:
-            percentile = float(match.group(1))
-            if not 50 <= percentile < 100:
-                raise ValueError(f"{what}; a percentile from p50 to p99.9, got {after!r}")
-            return None, percentile / 100
-    try:
-        return parse_seconds(after, what="Hedge(after=...)"), None
-    except ValueError:
-        raise ValueError(f"{what}; got {after!r}") from None
+    """(seconds, None) or (None, quantile), or an error that says what to pass (`_budget.parse_duration`)."""
+    found = parse_duration(after, what="Hedge(after=...)", percentiles=True)
+    if isinstance(found, Percentile):
+        return None, found.q
+    return found, None
 
 
 def _check_backup(backup: object) -> None:
@@ -146,11 +131,30 @@ def eligible(method: str, url: str, body: Mapping[str, Any]) -> bool:
     and embeddings may, unless chat asks the server to store the completion (`store=True`); a Responses call
     only with `store=False` (the API stores responses unless told not to), without `background` and
     without a `conversation` (which the response is added to)."""
-    if method.lower() != "post" or _openai_wire.operation_for(url) is None:
+    kind = _kinds.get(url)
+    if kind is None:
+        kind = _kind_of(url)
+    if kind == _NEVER or (method != "POST" and method.lower() != "post"):
         return False
-    if _openai_wire.is_responses_path(url):
+    if kind == _RESPONSES:
         return body.get("store") is False and not body.get("background") and not body.get("conversation")
     return body.get("store") is not True
+
+
+_NEVER, _COMPLETIONS, _RESPONSES = 0, 1, 2
+_kinds: dict[str, int] = {}  # by URL path: looked at on every call of a hedged client
+
+
+def _kind_of(url: str) -> int:
+    kind = (
+        _NEVER if _openai_wire.operation_for(url) is None
+        else _RESPONSES if _openai_wire.is_responses_path(url)
+        else _COMPLETIONS
+    )  # fmt: skip
+    if len(_kinds) >= _MODELS:
+        _kinds.clear()
+    _kinds[url] = kind
+    return kind
 
 
 class _Window:

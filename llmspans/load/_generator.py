@@ -34,6 +34,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import llmspans
 from llmspans import _deferred, _retries, _suppress
+from llmspans._adapters.body_readers import chunk_listener
+from llmspans._openai_wire import carries_tokens
 from llmspans.load._model import Level
 from llmspans.load._requests import CURRENT, LevelStamper, RequestRecord
 from llmspans.load._workload import Workload
@@ -62,31 +64,16 @@ class Generator:
     """The instrumented client, the span processor that reads each call span back, and the two loops."""
 
     def __init__(
-        self,
-        workload: Workload,
-        *,
-        base_url: str,
-        tracer_provider: TracerProvider,
-        run_id: str,
-        api_key: str = "none",
-        provider: str | None = None,
-        limiter: llmspans.Limiter | None = None,
-        server_metrics: ServerMetrics | None = None,
-        max_retries: int = 2,
-        timeout: float = 60.0,
+        self, workload: Workload, *, base_url: str, tracer_provider: TracerProvider, run_id: str,
+        api_key: str = "none", provider: str | None = None, limiter: llmspans.Limiter | None = None,
+        server_metrics: ServerMetrics | None = None, max_retries: int = 2, timeout: float = 60.0,
         client: str = "httpx",
-    ) -> None:
+    ) -> None:  # fmt: skip
         if client not in CLIENTS:
             raise ValueError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
-        self.client = client
-        self.workload = workload
-        self.base_url = base_url
-        self.api_key = api_key
-        self.provider = provider
-        self.limiter = limiter
-        self.server_metrics = server_metrics
-        self.max_retries = max_retries
-        self.timeout = timeout
+        self.client, self.workload, self.base_url, self.api_key = client, workload, base_url, api_key
+        self.provider, self.limiter, self.server_metrics = provider, limiter, server_metrics
+        self.max_retries, self.timeout = max_retries, timeout
         self.stamper = LevelStamper(run_id, stamps=workload.span_attributes)
         tracer_provider.add_span_processor(self.stamper)
         self._client: Any = None
@@ -133,7 +120,6 @@ class Generator:
         import httpx2
 
         from llmspans.load._http import LeanTransport
-        from llmspans.load._plain import LoadCalls
 
         self._client = httpx2.AsyncClient(
             base_url=self.base_url.rstrip("/") + "/", transport=LeanTransport(self.timeout),
@@ -146,10 +132,6 @@ class Generator:
             limiter=self.limiter,
             server_metrics=self.server_metrics or False,
         )
-        transport = self._client._transport
-        opener = getattr(transport, "_plain", None)
-        if opener is not None:  # the adapter's opener, with the load tool's stream observer
-            transport._plain = LoadCalls(opener.settings)
         self._urls = {
             endpoint: httpx2.URL(self.base_url.rstrip("/") + "/" + path) for endpoint, path in _PATHS.items()
         }
@@ -287,14 +269,17 @@ class Generator:
         try:
             record.issued_ns = time.perf_counter_ns()
             if self.client == "httpx":
-                await self._send(record, arguments)
+                listening = chunk_listener.set(record)  # the adapter's reader stamps its chunks
+                try:
+                    await self._send(record, arguments)
+                finally:
+                    chunk_listener.reset(listening)
                 return
             shape = self.workload.shape(record.index)
-            content = _CONTENT[shape.endpoint]
             response = await self._creators[shape.endpoint](**arguments)
             if shape.stream:
                 async for item in response:
-                    if content(item):
+                    if carries_tokens(item):
                         record.chunk_ns.append(time.perf_counter_ns())
         except asyncio.CancelledError:
             record.cancelled = True
@@ -375,24 +360,29 @@ def _backoff(attempt: int, retry_after_s: float | None) -> float:
 
 def _give_up_held() -> None:
     """The last attempt failed: its call ends now, not after the wait for a retry that will not come."""
-    held = _retries._held.get()
-    if held is not None:
-        _retries._held.set(None)
-        held._give_up()
+    _retries.give_up()
 
 
 async def _stamp_chunks(response: Any, record: RequestRecord) -> None:
-    """A stream no observer watched: each content event stamped at the read it came in."""
-    from llmspans.load._plain import content_of
+    """Each content event of a stream stamped at the read it came in (`_openai_wire`'s rule)."""
+    from llmspans.load._plain import carries_tokens_in
 
+    chunk_ns = record.chunk_ns
     pending = b""
     async for piece in response.aiter_raw():
         now = time.perf_counter_ns()
-        *events, pending = (pending + piece).replace(b"\r\n", b"\n").split(b"\n\n")
+        buffer = pending + piece if pending else piece
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        *events, pending = buffer.split(b"\n\n")
         for event in events:
+            if event.startswith(b"data: ") and b"\n" not in event:  # one data line, the usual event
+                if carries_tokens_in(event[6:]):
+                    chunk_ns.append(now)
+                continue
             for line in event.split(b"\n"):
-                if line.startswith(b"data:") and content_of(line[5:].strip().decode("utf-8", "replace")):
-                    record.chunk_ns.append(now)
+                if line.startswith(b"data:") and carries_tokens_in(line[5:].strip()):
+                    chunk_ns.append(now)
 
 
 def _creator(client: Any, endpoint: str) -> Callable[..., Any]:
@@ -401,36 +391,3 @@ def _creator(client: Any, endpoint: str) -> Callable[..., Any]:
     if endpoint == "completions":
         return client.completions.create  # type: ignore[no-any-return]
     return client.responses.create  # type: ignore[no-any-return]
-
-
-def _chat_content(chunk: Any) -> bool:
-    choices = getattr(chunk, "choices", None)
-    if not choices:
-        return False
-    delta = getattr(choices[0], "delta", None)
-    return bool(
-        delta is not None
-        and (
-            getattr(delta, "content", None)
-            or getattr(delta, "tool_calls", None)
-            or getattr(delta, "reasoning_content", None)
-        )
-    )
-
-
-def _completion_content(chunk: Any) -> bool:
-    choices = getattr(chunk, "choices", None)
-    return bool(choices and getattr(choices[0], "text", None))
-
-
-def _responses_content(event: Any) -> bool:
-    return getattr(event, "type", None) == "response.output_text.delta" and bool(
-        getattr(event, "delta", None)
-    )
-
-
-_CONTENT: dict[str, Callable[[Any], bool]] = {
-    "chat": _chat_content,
-    "completions": _completion_content,
-    "responses": _responses_content,
-}

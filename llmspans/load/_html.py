@@ -15,7 +15,7 @@ from html import escape
 from llmspans import _names as names
 from llmspans.load._model import LevelStats, Percentiles, Result
 from llmspans.load._replay_table import ReplayResult, token_words
-from llmspans.report._html import _CSS, BUCKET_COLOURS
+from llmspans.report._html import BUCKET_COLOURS, CSS
 from llmspans.report._model import format_seconds as seconds
 
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 900, 260, 70, 150, 14, 36
@@ -312,5 +312,5 @@ def render(result: Result) -> str:
         body.append(f'<p class="meta">note: {escape(note)}</p>')
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>llmspans load</title>'
-        f"<style>{_CSS}{_EXTRA_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        f"<style>{CSS}{_EXTRA_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )

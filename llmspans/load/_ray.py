@@ -17,10 +17,10 @@ others (`AllLost` when none is left). Ctrl-C and `--max-seconds` stop every part
 when the run ends, whatever ended it.
 
 Ray is imported here only inside functions, and never by the instrumentation runtime. Two private Ray
-names are used, both checked on Ray 2.60: `ray._private.services.canonicalize_bootstrap_address_or_die`,
-to find what `auto` means before connecting (`ray.init` waits minutes on an address where no cluster
-is), and `ray._private.worker._worker_logs_enabled`, off on a connection of ours: Ray echoes its
-raylets' messages (a generator's death) on the driver's stdout, which holds the result (`--json`) alone.
+names are used, both in `llmspans/_internals.py` with the versions they were checked on: what `auto`
+means, found before connecting (`ray.init` waits minutes on an address where no cluster is), and the
+driver's echo of its raylets' messages (a generator's death), off on a connection of ours: the driver's
+stdout holds the result (`--json`) alone.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmspans import _exporters
+from llmspans import _exporters, _internals
 from llmspans.load._generator import LoadError
 from llmspans.load._model import GeneratorStats, Percentiles
 from llmspans.load._ray_actor import Batch, GeneratorActor, GeneratorSetup, Identity
@@ -119,7 +119,7 @@ def connect(address: str | None) -> Connection:
     except Exception as error:
         raise RayUnavailable(f"cannot connect to the Ray cluster at {target}: {_line(error)}") from None
     with contextlib.suppress(Exception):  # the run says itself what happened to its generators
-        ray._private.worker._worker_logs_enabled = False  # checked on Ray 2.60
+        _internals.quiet_ray_worker_logs()
     return Connection(ray, target, ours=True)
 
 
@@ -129,12 +129,15 @@ def _bootstrap(address: str | None) -> str:
     given = address or os.environ.get("RAY_ADDRESS") or "auto"
     if given.startswith("ray://"):
         return given
-    from ray._private.services import canonicalize_bootstrap_address_or_die  # checked on Ray 2.60
-
     try:
-        return str(canonicalize_bootstrap_address_or_die(given))
+        found = _internals.ray_bootstrap_address(given)
     except Exception as error:
         raise RayUnavailable(f"no Ray cluster at {given!r}: {_line(error)}") from None
+    if found is None and given == "auto":  # this Ray does not say what `auto` means before connecting
+        raise RayUnavailable(
+            "this Ray version does not say where `auto` is: pass the cluster's host:port to --ray"
+        )
+    return found or given
 
 
 def _probe(target: str) -> None:

@@ -205,12 +205,12 @@ def _source(args: argparse.Namespace) -> tuple[SpanSource, str]:
     if not args.service:
         raise ValueError(f"{chosen[0]} needs --service NAME: the recorded service whose calls to replay")
     if args.tempo:
-        from llmspans.report._cli import ENV_TEMPO_TENANT, _headers
+        from llmspans.report._cli import ENV_TEMPO_TENANT, tempo_headers
         from llmspans.report._sources.tempo import fetch_tempo, shown_url
 
         traces = fetch_tempo(
             args.tempo, args.service, since_s, limit=args.limit or DEFAULT_LIMIT,
-            tenant=os.environ.get(ENV_TEMPO_TENANT) or None, headers=_headers(argparse.Namespace(header=None)),
+            tenant=os.environ.get(ENV_TEMPO_TENANT) or None, headers=tempo_headers(argparse.Namespace(header=None)),
         )  # fmt: skip
         return traces, f"tempo {shown_url(args.tempo)}"
     from llmspans.report._sources.jaeger import fetch_jaeger

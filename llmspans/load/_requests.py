@@ -43,7 +43,7 @@ class RequestRecord:
     chunk_ns: list[int] = field(default_factory=list)  # each content chunk's arrival at the runner
     error: str | None = None  # the exception the call raised, by type
     cancelled: bool = False
-    observed: bool = False  # the generator's stream observer stamps `chunk_ns` (the plain client)
+    observed: bool = False  # llmspans' reader of its body stamps `chunk_ns` (the plain client: `watching`)
     generator: str | None = None  # `--ray`: the generator that sent it (`llmspans.load.generator`)
     # From the call span:
     recorded: bool = False
@@ -56,6 +56,13 @@ class RequestRecord:
     input_tokens: int | None = None
     retries: int = 0
     error_type: str | None = None
+
+    # As the plain adapter's `ChunkListener`: each content chunk at the very stamp its call span takes.
+    def watching(self) -> None:
+        self.observed = True
+
+    def chunk(self, now_ns: int) -> None:
+        self.chunk_ns.append(now_ns)
 
     @property
     def ok(self) -> bool:

@@ -152,7 +152,7 @@ def _current(args: argparse.Namespace, options: _Options) -> Report:
             raise Usage("--tempo needs --service NAME (Tempo's search selects one service's traces)")
         traces = fetch_tempo(
             args.tempo, args.service, options.since_s or DEFAULT_TEMPO_SINCE_S, limit=_limit(args),
-            tenant=args.tempo_tenant or os.environ.get(ENV_TEMPO_TENANT) or None, headers=_headers(args),
+            tenant=args.tempo_tenant or os.environ.get(ENV_TEMPO_TENANT) or None, headers=tempo_headers(args),
         )  # fmt: skip
         # The window is Tempo's search's (start/end), as Jaeger's is; --service is applied again to what
         # came back (a no-op against Tempo's TraceQL selection), as for a file.
@@ -189,7 +189,7 @@ def _limit(args: argparse.Namespace) -> int:
     return limit
 
 
-def _headers(args: argparse.Namespace) -> list[tuple[str, str]]:
+def tempo_headers(args: argparse.Namespace) -> list[tuple[str, str]]:
     """--header 'Name: value' (repeatable), after $LLMSPANS_TEMPO_HEADERS; a value is never echoed."""
     found: list[tuple[str, str]] = []
     for item in filter(None, (os.environ.get(ENV_TEMPO_HEADERS) or "").split(",")):

@@ -39,7 +39,7 @@ BUCKET_COLOURS = {
 }
 STAGE_COLOURS = ("#2ca02c", "#98df8a", "#bcbd22", "#dbdb8d", "#7f7f7f", "#c7c7c7", "#e377c2", "#f7b6d2")
 UNMARKED_COLOUR = "#eeeeee"
-_CSS = """
+CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 980px; color: #222; }
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; }
 .meta { color: #666; margin: 0; } .simulated { color: #b00; font-weight: 600; }
@@ -492,5 +492,5 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
         body.append(_comparison(comparison))
     return (
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-        f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )

@@ -22,17 +22,20 @@ def sync_client(
     server: SimulatedServer, instrument: dict[str, Any] | None = None, **kwargs: Any
 ) -> openai.OpenAI:
     """An instrumented `openai.OpenAI` (`instrument` holds `llmspans.instrument()`'s own arguments)."""
-    kwargs.setdefault("max_retries", 2)
-    client = openai.OpenAI(base_url=server.base_url, api_key=SECRET, **kwargs)
-    return llmspans.instrument(client, **(instrument or {}))
+    return _instrumented(openai.OpenAI, server, instrument, kwargs)
 
 
 def async_client(
     server: SimulatedServer, instrument: dict[str, Any] | None = None, **kwargs: Any
 ) -> openai.AsyncOpenAI:
+    return _instrumented(openai.AsyncOpenAI, server, instrument, kwargs)
+
+
+def _instrumented(
+    cls: Any, server: SimulatedServer, instrument: dict[str, Any] | None, kwargs: dict[str, Any]
+) -> Any:
     kwargs.setdefault("max_retries", 2)
-    client = openai.AsyncOpenAI(base_url=server.base_url, api_key=SECRET, **kwargs)
-    return llmspans.instrument(client, **(instrument or {}))
+    return llmspans.instrument(cls(base_url=server.base_url, api_key=SECRET, **kwargs), **(instrument or {}))
 
 
 def call_span(captured: Captured) -> Any:

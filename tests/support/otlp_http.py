@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -36,3 +38,25 @@ def otlp_http_receiver() -> Iterator[ThreadingHTTPServer]:
     """A receiver on 127.0.0.1; `.received` lists `Received` records, `.server_address[1]` is its port."""
     with serving(_Handler, received=[]) as server:
         yield server
+
+
+@contextlib.contextmanager
+def otlp_grpc_receiver(on_export: Callable[[Any, Any], None]) -> Iterator[int]:
+    """An OTLP/gRPC trace receiver on 127.0.0.1 (its port, which the OS picks): `on_export(request, context)` for
+    each export it takes."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    class Traces(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+        def Export(self, request: Any, context: Any) -> Any:
+            on_export(request, context)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(0)

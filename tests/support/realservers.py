@@ -784,3 +784,14 @@ def real_vllm() -> Iterator[VLLMServer]:
 if __name__ == "__main__":  # manual check: LLMSPANS_REAL_SERVERS_DIR=DIR python -m tests.support.realservers
     with phoenix_server() as px, transformers_server() as ts:
         print(px, ts, sep="\n", file=sys.stderr)
+
+
+def flatten(attributes: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Phoenix may nest dotted keys; compare on the dotted form."""
+    flat: dict[str, Any] = {}
+    for key, value in attributes.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

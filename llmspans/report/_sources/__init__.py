@@ -44,6 +44,11 @@ class MemorySource:
         yield self.spans
 
 
+def short(error: BaseException) -> str:
+    """An error as a source's one-line message says it: its first line, or its type's name."""
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 def parse_duration(value: str, option: str = "--since") -> float:
     """`"90s"`, `"30m"`, `"1h"`, `"2d"` as seconds; ValueError says what to pass."""
     match = _DURATION.match(value)

@@ -19,14 +19,11 @@ import msgspec
 from llmspans.report._metric_points import MetricPoints, read_metrics
 from llmspans.report._model import SkippedLine
 from llmspans.report._progress import Progress
+from llmspans.report._sources import short
 from llmspans.report._spans import NotOtlp, ReportInputError, Span, decode, spans_of_json
 
 _BUFFER = 1 << 20  # the embedded default's lines are exports of up to 512 spans: a few hundred KB each
 _BLOCK = 4 << 20
-
-
-def _short(error: Exception) -> str:
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 class FileSource:
@@ -103,7 +100,7 @@ def _opened(path: Path) -> BinaryIO:
     except IsADirectoryError:
         raise ReportInputError(f"{source}: is a directory, not an OTLP-JSON file") from None
     except OSError as error:
-        raise ReportInputError(f"{source}: cannot be read ({error.strerror or _short(error)})") from None
+        raise ReportInputError(f"{source}: cannot be read ({error.strerror or short(error)})") from None
 
 
 def _batches(
@@ -130,7 +127,7 @@ def _batches(
                     if whole is not None:
                         yield _whole(source, whole), read
                         return
-                bad.append(SkippedLine(source, number, f"not JSON ({_short(error)})"))
+                bad.append(SkippedLine(source, number, f"not JSON ({short(error)})"))
                 continue
             except NotOtlp as error:
                 bad.append(SkippedLine(source, number, f"not OTLP JSON ({error})"))

@@ -16,6 +16,7 @@ import msgspec
 
 from llmspans.report._metric_points import MetricPoints
 from llmspans.report._model import SkippedLine
+from llmspans.report._sources import short
 from llmspans.report._spans import NotOtlp, ReportInputError, Span, spans_of_json
 
 # Jaeger v2's /api/v3 query parameters. Current releases take the camelCase names and accept
@@ -29,10 +30,6 @@ _JAEGER_PARAMS = {
     "start_max": ("query.startTimeMax", "query.start_time_max"),
     "depth": ("query.searchDepth", "query.num_traces"),
 }
-
-
-def _short(error: Exception) -> str:
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def _rfc3339(epoch_s: float) -> str:
@@ -87,7 +84,7 @@ def fetch_jaeger(
         response = http.get(endpoint, params=jaeger_query(service, since_s))
     except httpx.HTTPError as error:
         raise ReportInputError(
-            f"cannot reach Jaeger at {base}: {_short(error) or type(error).__name__}"
+            f"cannot reach Jaeger at {base}: {short(error) or type(error).__name__}"
         ) from None
     finally:
         if own:
@@ -121,7 +118,7 @@ def _documents(body: bytes, base: str) -> Iterator[bytes]:
             msgspec.json.decode(line)
         except msgspec.DecodeError as error:
             raise ReportInputError(
-                f"Jaeger at {base} returned something that is not JSON ({_short(error)})"
+                f"Jaeger at {base} returned something that is not JSON ({short(error)})"
             ) from None
         yield line
 

@@ -28,6 +28,7 @@ import msgspec
 
 from llmspans.report._metric_points import MetricPoints
 from llmspans.report._model import SkippedLine
+from llmspans.report._sources import short
 from llmspans.report._spans import NotOtlp, ReportInputError, Span, spans_of_json
 
 SEARCH_PATH = "/api/search"
@@ -84,10 +85,6 @@ def search_params(service: str, since_s: float, limit: int, now_s: float | None 
         "end": str(math.ceil(now) + 1),
         "limit": str(limit),
     }
-
-
-def _short(error: Exception) -> str:
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def shown_url(url: str) -> str:
@@ -187,7 +184,7 @@ class _Tempo:
                 f"Tempo at {self.shown} did not answer {path} within {self.timeout_s:g} s"
             ) from None
         except httpx.HTTPError as error:
-            raise self.fail(f"cannot reach Tempo at {self.shown}: {_short(error)}") from None
+            raise self.fail(f"cannot reach Tempo at {self.shown}: {short(error)}") from None
 
     def answered(self, status: int, path: str, body: bytes) -> ReportInputError:
         return self.fail(f"Tempo at {self.shown} answered HTTP {status} to {path}: {_message(body)}")
@@ -207,12 +204,12 @@ class _Tempo:
         except msgspec.ValidationError as error:
             raise self.fail(
                 f"Tempo at {self.shown} answered {SEARCH_PATH} with JSON that is not a Tempo search result "
-                f"({_short(error)})"
+                f"({short(error)})"
             ) from None
         except msgspec.DecodeError as error:
             raise self.fail(
                 f"Tempo at {self.shown} answered {SEARCH_PATH} with something that is not JSON "
-                f"({_short(error)}): {_message(body)}"
+                f"({short(error)}): {_message(body)}"
             ) from None
         if found.traces is None and not found.metrics and not _empty_search(body):
             raise self.fail(
@@ -288,7 +285,7 @@ class _Tempo:
             raise self._not_trace(path, document, error) from None
 
     def _not_trace(self, path: str, body: bytes, error: Exception | None) -> ReportInputError:
-        why = f" ({_short(error)})" if error is not None else ""
+        why = f" ({short(error)})" if error is not None else ""
         if isinstance(error, msgspec.DecodeError):
             return self.fail(
                 f"Tempo at {self.shown} answered {path} with something that is not JSON{why}: {_message(body)}"
