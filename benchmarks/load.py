@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import llmspans  # noqa: E402
 from llmspans.load._model import SHAPE_RATE, Level, LevelStats  # noqa: E402
+from llmspans.load._requests import RequestRecord  # noqa: E402
 from llmspans.load._runner import Runner, RunOutcome  # noqa: E402
 from llmspans.load._stats import BEHIND_SCHEDULE_S  # noqa: E402
 from llmspans.load._workers import WorkerExport, available_cpus, workers_for  # noqa: E402
@@ -62,7 +63,8 @@ class Column:
         )
 
 
-def _server() -> tuple[subprocess.Popen[str], str]:
+def start_simulator() -> tuple[subprocess.Popen[str], str]:
+    """llmspans' simulator in a child process (4 streamed chunks, no delay), and its base URL."""
     process = subprocess.Popen(
         [sys.executable, "-m", "llmspans.tools.simulator", "--chunks", "4"],
         stdout=subprocess.PIPE, text=True, cwd=ROOT,
@@ -87,27 +89,85 @@ def _column(workers: int, rate: float, count: int, base_url: str, traces: Path, 
         shape=SHAPE_RATE, levels=(level,), requests_per_level=count, level_seconds=count / rate + 60,
         max_requests=count, max_seconds=count / rate + 120,
     )  # fmt: skip
+    export = WorkerExport("llmspans-load-benchmark", traces)
+    measured = measure("benchmarks/load.py", workload, plan, workers, base_url, export, server_pid)
+    return Column(workers, measured.stats, measured.sent_per_s, measured.wall_s, measured.server_cpu_s)
+
+
+@dataclass
+class Measured:
+    """One run of a one-level plan: the level's figures and records, the rate it was sent at (the first
+    request issued to the last) and the CPU the server spent meanwhile (None off Linux)."""
+
+    stats: LevelStats
+    records: list[RequestRecord]
+    sent_per_s: float
+    wall_s: float
+    server_cpu_s: float | None
+
+
+def measure(
+    script: str, workload: Workload, plan: Plan, workers: int, base_url: str, export: WorkerExport,
+    server_pid: int,
+) -> Measured:  # fmt: skip
+    """Run `plan` (one level) as `llmspans load` runs it, on `workers` processes, its spans where
+    `configure()` sends them; SystemExit naming the benchmark when a worker failed."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
     provider = trace.get_tracer_provider()
     assert isinstance(provider, TracerProvider)
     runner = Runner(
-        workload, plan, base_url=base_url, tracer_provider=provider, max_retries=0, workers=workers,
-        export=WorkerExport("llmspans-load-benchmark", traces),
-    )  # fmt: skip
+        workload,
+        plan,
+        base_url=base_url,
+        tracer_provider=provider,
+        max_retries=0,
+        workers=workers,
+        export=export,
+    )
     server_before = _cpu_s(server_pid)
     started = time.perf_counter()
     outcome: RunOutcome = asyncio.run(runner.run())
     wall = time.perf_counter() - started
     server_after = _cpu_s(server_pid)
     if outcome.failure is not None:
-        raise SystemExit(f"benchmarks/load.py: {outcome.failure}")
+        raise SystemExit(f"{script}: {outcome.failure}")
     (stats,) = outcome.levels
-    issued = sorted(record.issued_ns for record in outcome.records[level.label] if record.issued_ns)
+    records = outcome.records[stats.level.label]
+    issued = sorted(record.issued_ns for record in records if record.issued_ns)
     sent = (len(issued) - 1) / ((issued[-1] - issued[0]) / 1e9) if len(issued) > 1 else 0.0
     server = server_after - server_before if server_before is not None and server_after is not None else None
-    return Column(workers, stats, sent, wall, server)
+    return Measured(stats, records, sent, wall, server)
+
+
+def column_options(parser: argparse.ArgumentParser, *, calls: str, seconds_of: str, columns: str) -> None:
+    """The options of a benchmark of the schedule: `--rate` (of `calls`), `--seconds` (of `seconds_of`) per
+    column, `--quick`, and `--workers`, the worker counts of its `columns` (read by `worker_columns`)."""
+    parser.add_argument("--rate", type=float, default=200.0, help=f"{calls} per second (200)")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help=f"seconds of {seconds_of} per column (10)"
+    )
+    parser.add_argument("--quick", action="store_true", help="1 s per column: checks that it runs")
+    parser.add_argument(
+        "--workers", default=None, metavar="N,N,...",
+        help=f"the {columns} worker counts (default: 1 and the ones llmspans load chooses)",
+    )  # fmt: skip
+
+
+def worker_columns(workers: str | None, chosen: int) -> list[int]:
+    """The columns' worker counts: those of `--workers`, else one process and the `chosen` count."""
+    return [int(part) for part in workers.split(",")] if workers else sorted({1, chosen})
+
+
+def print_rows(rows: Sequence[tuple[str, list[str]]], name_width: int, width: int) -> None:
+    for name, cells in rows:
+        print(f"  {name:<{name_width}}" + "".join(cell.rjust(width) for cell in cells))
+
+
+def figure_of_record(script: str, argv: Sequence[str] | None) -> None:
+    command = shlex.join([Path(sys.executable).name, script, *(argv or sys.argv[1:])])
+    print(f"the figure of record: {command} on a machine with nothing else running")
 
 
 def _ms(seconds: float | None) -> str:
@@ -136,32 +196,25 @@ def _print(columns: Sequence[Column], rate: float) -> None:
         ("level wall time", [f"{column.stats.duration_s:.1f} s" for column in columns]),
         ("kept the schedule", ["yes" if column.kept(rate) else "NO" for column in columns]),
     ]
-    for name, cells in rows:
-        print(f"  {name:<20}" + "".join(cell.rjust(width) for cell in cells))
+    print_rows(rows, 20, width)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rate", type=float, default=200.0, help="requests per second (200)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="seconds of arrivals per column (10)")
-    parser.add_argument("--quick", action="store_true", help="1 s per column: checks that it runs (CI)")
-    parser.add_argument(
-        "--workers", default=None, metavar="N,N,...",
-        help="the columns' worker counts (default: 1 and the ones llmspans load chooses)",
-    )  # fmt: skip
+    column_options(parser, calls="requests", seconds_of="arrivals", columns="columns'")
     args = parser.parse_args(argv)
     seconds = 1.0 if args.quick else args.seconds
     count = int(args.rate * seconds)
     level = Level(SHAPE_RATE, args.rate)
     chosen = workers_for(level, count, None)
-    columns_asked = [int(part) for part in args.workers.split(",")] if args.workers else sorted({1, chosen})
+    columns_asked = worker_columns(args.workers, chosen)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"llmspans load's open loop at {args.rate:g} requests/s for {seconds:g} s against a zero-delay server "
         f"(4 streamed chunks); {available_cpus()} CPUs here, load average {load_before:.1f} before the run; "
         f"llmspans load would choose {chosen} worker{'s' if chosen > 1 else ''}"
     )
-    process, base_url = _server()
+    process, base_url = start_simulator()
     columns = []
     with tempfile.TemporaryDirectory(prefix="llmspans-load-benchmark-") as scratch:
         traces = Path(scratch) / "traces.jsonl"
@@ -187,8 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{target}: NOT kept on this machine now (load average {os.getloadavg()[0]:.1f}); the run marks such a "
             "level BEHIND and counts the lag in every latency"
         )
-    command = shlex.join([Path(sys.executable).name, "benchmarks/load.py", *(argv or sys.argv[1:])])
-    print(f"the figure of record: {command} on a machine with nothing else running")
+    figure_of_record("benchmarks/load.py", argv)
     return 0
 
 

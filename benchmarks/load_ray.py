@@ -22,9 +22,7 @@ import argparse
 import asyncio
 import logging
 import os
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before Ray is imported: the loopback
 
 import llmspans  # noqa: E402
+from benchmarks.load import figure_of_record, start_simulator  # noqa: E402
 from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, Level, LevelStats  # noqa: E402
 from llmspans.load._ray import Fleet, connect, generator_setups  # noqa: E402
 from llmspans.load._runner import Runner, new_run_id  # noqa: E402
@@ -56,15 +55,6 @@ class Side:
     def per_cpu_s(self) -> float:
         cpu = self.stats.generator_cpu_s or 0.0
         return self.stats.completed / cpu if cpu > 0 else 0.0
-
-
-def _server() -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "llmspans.tools.simulator", "--chunks", "4"],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
-    assert process.stdout is not None
-    return process, process.stdout.readline().strip()
 
 
 def _level(args: argparse.Namespace) -> Level:
@@ -140,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({'the cluster at ' + args.ray if args.ray else f'{args.generators} nodes of one CPU on the loopback'}); "
         f"{os.cpu_count()} CPUs here, load average {load_before:.1f} before the run"
     )
-    process, base_url = _server()
+    process, base_url = start_simulator()
     sides: dict[str, list[Side]] = {"workers": [], "ray": []}
     try:
         with tempfile.TemporaryDirectory(prefix="llmspans-load-ray-benchmark-") as scratch:
@@ -184,8 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Ray's requests per CPU-second at least {TARGET_SHARE:.0%} of the workers': {verdict} ({share:.2f}; load "
         f"average {os.getloadavg()[0]:.1f} after the run)"
     )
-    command = shlex.join([Path(sys.executable).name, "benchmarks/load_ray.py", *(argv or sys.argv[1:])])
-    print(f"the figure of record: {command} on a machine with nothing else running")
+    figure_of_record("benchmarks/load_ray.py", argv)
     return 0
 
 

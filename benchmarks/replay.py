@@ -21,11 +21,9 @@ per request; then whether the replay kept a lag p99 under 5 ms.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
-import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -37,13 +35,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import llmspans  # noqa: E402
-from benchmarks.load import _cpu_s, _server  # noqa: E402
+from benchmarks.load import (  # noqa: E402
+    column_options,
+    figure_of_record,
+    measure,
+    print_rows,
+    start_simulator,
+    worker_columns,
+)
 from llmspans import _names as names  # noqa: E402
 from llmspans.load._model import SHAPE_RATE, SHAPE_SPEED, Level, LevelStats, Percentiles  # noqa: E402
 from llmspans.load._replay import read_recording  # noqa: E402
 from llmspans.load._replay_workload import ServerFacts, build_workload  # noqa: E402
 from llmspans.load._requests import RequestRecord  # noqa: E402
-from llmspans.load._runner import Runner  # noqa: E402
 from llmspans.load._stats import BEHIND_SCHEDULE_S  # noqa: E402
 from llmspans.load._workers import WorkerExport, available_cpus, workers_for  # noqa: E402
 from llmspans.load._workload import Plan, Workload  # noqa: E402
@@ -140,31 +144,16 @@ def _run(
     name: str, workload: Workload, level: Level, count: int, workers: int, base_url: str, traces: Path,
     server_pid: int, later: frozenset[int],
 ) -> Column:  # fmt: skip
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
     span_s = count / 10.0 + 60
     plan = Plan(
         shape=level.shape, levels=(level,), requests_per_level=count, level_seconds=span_s, max_requests=count,
         max_seconds=span_s + 60,
     )  # fmt: skip
-    runner = Runner(
-        workload, plan, base_url=base_url, tracer_provider=provider, max_retries=0, workers=workers,
-        export=WorkerExport("llmspans-replay-benchmark", traces),
-    )  # fmt: skip
-    server_before = _cpu_s(server_pid)
-    outcome = asyncio.run(runner.run())
-    server_after = _cpu_s(server_pid)
-    if outcome.failure is not None:
-        raise SystemExit(f"benchmarks/replay.py: {outcome.failure}")
-    (stats,) = outcome.levels
-    records = outcome.records[level.label]
-    issued = sorted(record.issued_ns for record in records if record.issued_ns)
-    sent = (len(issued) - 1) / ((issued[-1] - issued[0]) / 1e9) if len(issued) > 1 else 0.0
-    server = server_after - server_before if server_before is not None and server_after is not None else None
-    return Column(name, workers, stats, records, sent, server, later)
+    export = WorkerExport("llmspans-replay-benchmark", traces)
+    measured = measure("benchmarks/replay.py", workload, plan, workers, base_url, export, server_pid)
+    return Column(
+        name, workers, measured.stats, measured.records, measured.sent_per_s, measured.server_cpu_s, later
+    )
 
 
 def _ms(figures: Percentiles | None, q: float) -> str:
@@ -203,26 +192,19 @@ def _print(columns: Sequence[Column]) -> None:
             ],
         ),
     ]
-    for name, cells in rows:
-        print(f"  {name:<26}" + "".join(cell.rjust(width) for cell in cells))
+    print_rows(rows, 26, width)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rate", type=float, default=200.0, help="recorded calls per second (200)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="seconds of recording per column (10)")
-    parser.add_argument("--quick", action="store_true", help="1 s per column: checks that it runs")
-    parser.add_argument(
-        "--workers", default=None, metavar="N,N,...",
-        help="the replay columns' worker counts (default: 1 and the ones llmspans load chooses)",
-    )  # fmt: skip
+    column_options(parser, calls="recorded calls", seconds_of="recording", columns="replay columns'")
     parser.add_argument(
         "--no-open-loop", action="store_true", help="leave out the open loop's reference column"
     )
     args = parser.parse_args(argv)
     seconds = 1.0 if args.quick else args.seconds
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    process, base_url = _server()
+    process, base_url = start_simulator()
     columns = []
     with tempfile.TemporaryDirectory(prefix="llmspans-replay-benchmark-") as scratch:
         recorded = Path(scratch) / "recorded.jsonl"
@@ -236,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload = built.workload
         rate = workload.rate(1.0)
         chosen = workers_for(Level(SHAPE_RATE, rate), count, None)
-        asked = [int(part) for part in args.workers.split(",")] if args.workers else sorted({1, chosen})
+        asked = worker_columns(args.workers, chosen)
         print(
             f"llmspans load --replay at 1x speed: {count} recorded calls over {recording.span_ns / 1e9:.1f} s "
             f"({rate:.0f} calls/s; {CHAINED_SHARE:.0%} of turns three chained calls) against a zero-delay server "
@@ -276,8 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{target}: KEPT with {best.workers} worker(s) (p99 {_ms(best.lag(None), 0.99)})")
     else:
         print(f"{target}: NOT kept on this machine now (load average {os.getloadavg()[0]:.1f})")
-    command = shlex.join([Path(sys.executable).name, "benchmarks/replay.py", *(argv or sys.argv[1:])])
-    print(f"the figure of record: {command} on a machine with nothing else running")
+    figure_of_record("benchmarks/replay.py", argv)
     return 0
 
 

@@ -55,6 +55,18 @@ def slow(stream: bool, seconds: float = SLOW, **more: Any) -> Behavior:
 FAST = Behavior(chunks=3, usage="finish")
 
 
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """Every test that takes it runs with the sync and the async client."""
+    return str(request.param)
+
+
+@pytest.fixture(params=[True, False], ids=["stream", "whole"])
+def stream(request: pytest.FixtureRequest) -> bool:
+    """Every test that takes it runs on a streamed and a whole (non-streamed) call."""
+    return bool(request.param)
+
+
 def ask(
     kind: str, url: str, *, stream: bool, after: Any = AFTER, backup_url: str | None = None,
     limiter: llmspans.Limiter | None = None, max_retries: int = 0, attempt_spans: str | None = None, **body: Any,
@@ -166,8 +178,6 @@ def counter(captured: Captured, name: str, **attributes: Any) -> float:
 
 
 @pytest.mark.parametrize("spans", [None, "always"])
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("kind", KINDS)
 def test_no_backup_is_sent_when_the_primary_answers_within_after(
     kind: str, stream: bool, spans: str | None, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -193,8 +203,6 @@ def test_no_backup_is_sent_when_the_primary_answers_within_after(
     assert counter(captured, names.METRIC_HEDGE_FIRED) == 0
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("kind", KINDS)
 def test_a_slow_primary_is_beaten_by_a_backup_sent_after_after(
     kind: str, stream: bool, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -230,8 +238,6 @@ def test_a_slow_primary_is_beaten_by_a_backup_sent_after_after(
     assert counter(captured, names.METRIC_HEDGE_BACKUP_WON) == 1
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("kind", KINDS)
 @retry_timing  # a race of 0.3 s against 1.5 s: a loaded machine may stall the winner past its rival once
 def test_a_primary_that_answers_before_its_backup_wins_and_the_backup_is_cut(
     kind: str, stream: bool, server: SimulatedServer, captured: Captured
@@ -249,7 +255,6 @@ def test_a_primary_that_answers_before_its_backup_wins_and_the_backup_is_cut(
     assert counter(captured, names.METRIC_HEDGE_BACKUP_WON) == 0
 
 
-@pytest.mark.parametrize("kind", KINDS)
 def test_a_stream_without_headers_yet_is_cut_as_well(
     kind: str, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -261,8 +266,6 @@ def test_a_stream_without_headers_yet_is_cut_as_well(
     assert primary.disconnected_ns is not None
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("kind", KINDS)
 def test_a_backup_client_on_another_replica_wins_and_the_slow_replica_sees_the_client_leave(
     kind: str, stream: bool, captured: Captured
 ) -> None:
@@ -284,8 +287,6 @@ def test_a_backup_client_on_another_replica_wins_and_the_slow_replica_sees_the_c
 # --- what it cost ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("kind", KINDS)
 def test_the_losers_tokens_are_counted_as_wasted(
     kind: str, stream: bool, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -306,7 +307,6 @@ def test_the_losers_tokens_are_counted_as_wasted(
     assert call[names.CONNECT_NEW] == 2
 
 
-@pytest.mark.parametrize("kind", KINDS)
 def test_without_usage_from_either_copy_the_wasted_input_is_the_prompt_estimated(
     kind: str, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -446,7 +446,6 @@ def test_the_window_keeps_the_last_calls_of_each_model() -> None:
 # --- with a limiter, retries, cancellation ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", KINDS)
 def test_a_backup_takes_a_slot_of_its_own_and_none_when_the_limiter_is_full(
     kind: str, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -471,7 +470,6 @@ def test_a_backup_takes_a_slot_of_its_own_and_none_when_the_limiter_is_full(
     assert two.stats().admitted == 2  # the call's slot and the backup's own
 
 
-@pytest.mark.parametrize("kind", KINDS)
 def test_a_primary_that_lost_during_its_back_off_is_not_sent_again(
     kind: str, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -591,7 +589,6 @@ def _no_backup_threads() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("winner", [names.HEDGE_ROLE_PRIMARY, names.HEDGE_ROLE_BACKUP])
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 def test_a_sync_hedge_leaves_no_thread_connection_or_span_behind(
     winner: str, stream: bool, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -612,7 +609,6 @@ def test_a_sync_hedge_leaves_no_thread_connection_or_span_behind(
     assert spans.started == spans.ended == 3  # the call and its two copies
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 def test_an_async_hedge_returns_with_the_loser_already_closed_and_no_task_left(
     stream: bool, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -623,7 +619,6 @@ def test_an_async_hedge_returns_with_the_loser_already_closed_and_no_task_left(
     assert primary.disconnected_ns is not None
 
 
-@pytest.mark.parametrize("kind", KINDS)
 def test_a_hedged_stream_dropped_unclosed_ends_its_call_once_and_closes_the_winner(
     kind: str, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -670,8 +665,6 @@ def test_a_hedged_stream_dropped_unclosed_ends_its_call_once_and_closes_the_winn
     assert limiter.in_flight == 0
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("kind", KINDS)
 def test_a_backup_that_fails_leaves_the_call_to_its_primary(
     kind: str, stream: bool, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -683,8 +676,6 @@ def test_a_backup_that_fails_leaves_the_call_to_its_primary(
     assert names.ERROR_TYPE not in call
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("kind", KINDS)
 def test_when_both_copies_fail_the_app_sees_the_sdks_error_for_its_primary(
     kind: str, stream: bool, server: SimulatedServer, captured: Captured
 ) -> None:
@@ -697,7 +688,6 @@ def test_when_both_copies_fail_the_app_sees_the_sdks_error_for_its_primary(
     call_span(captured)  # one call span, ended
 
 
-@pytest.mark.parametrize("kind", KINDS)
 def test_a_hedge_acts_when_nothing_records(kind: str, server: SimulatedServer, captured: Captured) -> None:
     """A lever acts whoever listens: with recording suppressed (as with no provider at all), the slow primary is
     still beaten by its backup and closed, and nothing is recorded."""
@@ -798,7 +788,6 @@ def test_an_uninstrumented_backup_is_only_watched_inside_a_hedged_call(
         assert captured.spans == []
 
 
-@pytest.mark.parametrize("kind", KINDS)
 def test_a_call_of_a_client_without_a_hedge_carries_no_hedge_attribute(
     kind: str, server: SimulatedServer, captured: Captured
 ) -> None:

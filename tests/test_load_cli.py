@@ -60,6 +60,11 @@ def fast_server() -> Iterator[SimulatedServer]:
             ["--ray", "--replay", "tests/fixtures/embedded-default.jsonl"],
             "--replay runs on one machine (--workers N spreads it), not on --ray yet",
         ),
+        (["--speed", "2"], "--speed goes with --replay"),
+        (["--replay", "x.jsonl", "--concurrency", "2"], "--concurrency does not go with --replay"),
+        (["--replay", "--tempo", "http://127.0.0.1:9"], "--tempo needs --service NAME"),
+        (["--replay"], "--replay takes one source"),
+        (["--replay", "/nonexistent.jsonl"], "/nonexistent.jsonl: no such file"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_code_2(

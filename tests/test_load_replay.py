@@ -666,26 +666,6 @@ def test_a_file_without_llm_calls_is_one_line_and_exit_code_2(
     ]
 
 
-@pytest.mark.parametrize(
-    ("arguments", "says"),
-    [
-        (["--speed", "2"], "--speed goes with --replay"),
-        (["--replay", "x.jsonl", "--concurrency", "2"], "--concurrency does not go with --replay"),
-        (["--replay", "--tempo", "http://127.0.0.1:9"], "--tempo needs --service NAME"),
-        (["--replay"], "--replay takes one source"),
-        (["--replay", "/nonexistent.jsonl"], "/nonexistent.jsonl: no such file"),
-    ],
-)
-def test_replay_arguments_that_do_not_fit_are_one_line(
-    arguments: list[str], says: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code = main(["load", "http://127.0.0.1:9/v1", "--model", "m", *arguments])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert len(err.strip().splitlines()) == 1, err
-    assert says in err
-
-
 def test_the_command_replays_a_file_and_prints_the_table_in_json_and_html(
     demo_file: Path, capacity_server: SimulatedServer, tmp_path: Path
 ) -> None:

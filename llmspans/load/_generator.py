@@ -27,7 +27,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -237,30 +237,36 @@ class Generator:
         until: float,
     ) -> None:
         """Each `(index, due)` of `schedule` (`time.perf_counter_ns()`, in order) started when due."""
-        in_flight: set[asyncio.Task[None]] = set()
+        in_flight = InFlight()
         try:
             for index, due in schedule:
-                arguments = self.arguments(index)  # built before it is due: not the request's lag
-                wait = (due - time.perf_counter_ns()) / 1e9
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                if stop.is_set() or time.monotonic() >= until:
+                request = await self.when_due(level, index, due, records, stop, until)
+                if request is None:
                     break
-                record = RequestRecord(index=index, level=level.label, scheduled_ns=due)
-                records.append(record)
-                task = asyncio.ensure_future(self._one(record, arguments))
-                in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
-            if in_flight:
-                await asyncio.gather(*in_flight)
+                in_flight.start(self.send(*request))
+            await in_flight.wait()
         finally:
-            for task in in_flight:
-                task.cancel()
-            if in_flight:
-                await asyncio.gather(*in_flight, return_exceptions=True)
+            await in_flight.cancel()
+
+    async def when_due(
+        self, level: Level, index: int, due: int, records: list[RequestRecord], stop: asyncio.Event,
+        until: float,
+    ) -> tuple[RequestRecord, Any] | None:  # fmt: skip
+        """Request `index` of a schedule, at `due` (`time.perf_counter_ns()`): its record (added to `records`,
+        keeping when it was due) and its arguments, built before it is due, so they are not its lag. None
+        when `stop` was set or `until` (`time.monotonic()`) passed meanwhile: it is not sent."""
+        arguments = self.arguments(index)
+        wait = (due - time.perf_counter_ns()) / 1e9
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if stop.is_set() or time.monotonic() >= until:
+            return None
+        record = RequestRecord(index=index, level=level.label, scheduled_ns=due)
+        records.append(record)
+        return record, arguments
 
     async def send(self, record: RequestRecord, arguments: Any) -> None:
-        """One request on a schedule kept elsewhere (a replay's turns: `_replay_send.py`), as `open` sends it."""
+        """One request of a schedule (`open`'s, or a replay's turns: `_replay_send.py`), once due."""
         await self._one(record, arguments)
 
     async def _one(self, record: RequestRecord, arguments: Any) -> None:
@@ -296,6 +302,30 @@ class Generator:
         if any(record.ok and not record.recorded for record in records):
             _deferred.settle(SETTLE_S)
         return spans_of_readable(self.stamper.take(level.label))
+
+
+class InFlight:
+    """The requests an open loop started and that have not ended: each its own task, whatever else is in
+    flight. `wait` returns when all have ended, those started meanwhile too (a replay's later calls);
+    `cancel` cancels what is left (the level was stopped) and waits until it has ended."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, request: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(request)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def wait(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks))
+
+    async def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 @contextlib.contextmanager

@@ -1,9 +1,10 @@
 """One generator of `llmspans load --ray`: a Ray actor with its own event loop, client and exporter.
 
 The driver (`_ray.py`) makes this class a Ray actor (`ray.remote`) and hands it parts of levels, as the
-runner hands worker processes theirs: it drives them on its own `Generator` (the same code that sends a
-request on one machine, so a request records the same call span wherever it ran) and streams its
-requests' raw records back as they end, then its level's spans as the report reads them and its CPU.
+runner hands worker processes theirs: it drives them on its own `Generator` as a worker process does
+(`_part.py`: the same code that sends a request on one machine, so a request records the same call span
+wherever it ran) and streams its requests' raw records back as they end, then its level's spans as the
+report reads them and its CPU.
 Its times are its own `perf_counter_ns()`: the driver converts a part's times into this clock before
 sending it and the records' stamps back, with the offset it measured (`clock`).
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import os
 import socket
 import tempfile
@@ -24,14 +24,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.trace import TracerProvider
-
 import llmspans
 from llmspans import _names as names
-from llmspans.load._generator import Generator, LoadError, on_schedule, until_done
-from llmspans.load._host import LoopLag
+from llmspans.load._generator import Generator
+from llmspans.load._part import Ended, send_part, set_up, shut_down, warm_up
 from llmspans.load._requests import RequestRecord
 from llmspans.load._workers import SHIP_EVERY_S, Part, PartDone, Setup
 from llmspans.vllm import ServerMetrics
@@ -118,28 +114,14 @@ class GeneratorActor:
         if setup.file_export:
             self.traces_file = Path(tempfile.gettempdir()) / f"llmspans-load-{run.run_id}-{setup.name}.jsonl"
             os.environ[names.ENV_TRACES_FILE] = str(self.traces_file)
-        configuration = llmspans.configure(service_name=run.service_name)
-        provider = trace.get_tracer_provider()
-        if not isinstance(provider, TracerProvider):
-            raise LoadError("the global tracer provider is not the OpenTelemetry SDK's")
-        if setup.file_export and configuration.mode != "file":
-            raise LoadError(
-                f"configure() sends this generator's spans over {configuration.mode}, not to a file"
-            )
-        if run.vllm_interval is not None:
-            self.server_metrics = ServerMetrics(run.base_url, interval=run.vllm_interval)
         limiter = llmspans.Limiter(setup.limiter_cap, name="load") if setup.limiter_cap else None
+        self.generator, self.server_metrics = set_up(
+            run, sender="generator", to_file=setup.file_export, limiter=limiter
+        )
         who = identity(setup.name)
         self.attribute = who.attribute
-        self.generator = Generator(
-            run.workload, base_url=run.base_url, tracer_provider=provider, run_id=run.run_id,
-            api_key=run.api_key, provider=run.provider, limiter=limiter, server_metrics=self.server_metrics,
-            max_retries=run.max_retries, timeout=run.timeout, client=run.client,
-        )  # fmt: skip
         self.generator.stamper.generator = who.attribute
-        await self.generator.start()
-        gc.collect()
-        gc.freeze()  # what start-up made is never garbage: no collection walks it again
+        await warm_up(self.generator)
         return who
 
     async def clock(self) -> tuple[int, int]:
@@ -157,67 +139,27 @@ class GeneratorActor:
         assert self.generator is not None
         stop = self._stop = asyncio.Event()
         records: list[RequestRecord] = []
-        seen, waiting = 0, []
-
-        def ended() -> list[RequestRecord]:
-            """The records that will not change any more (done, their call span read), not sent before."""
-            nonlocal seen, waiting
-            waiting.extend(records[seen:])
-            seen = len(records)
-            final = [record for record in waiting if record.done_ns and record.recorded]
-            waiting = [record for record in waiting if not (record.done_ns and record.recorded)]
-            for record in final:
-                record.generator = self.attribute
-            return final
-
-        def in_flight() -> tuple[int, ...]:
-            return tuple(record.index for record in records if record.issued_ns and not record.done_ns)
-
+        ended = Ended(records)
         cpu = time.process_time()
-        running = asyncio.ensure_future(self._run(part, records, stop))
+        running = asyncio.ensure_future(send_part(self.generator, part, records, stop))
         while not running.done():
             await asyncio.wait({running}, timeout=SHIP_EVERY_S)
-            yield Batch(ended(), in_flight())
+            yield Batch(self._stamped(ended.take()), _in_flight(records))
         loop_lag = running.result()  # its own failure is raised here, to the driver
         spans = self.generator.level_spans(part.level, records)
-        rest = ended() + waiting
-        for record in rest:
-            record.generator = self.attribute
-        yield PartDone(rest, spans, time.process_time() - cpu, loop_lag)
+        yield PartDone(self._stamped(ended.rest()), spans, time.process_time() - cpu, loop_lag)
 
-    async def _run(self, part: Part, records: list[RequestRecord], stop: asyncio.Event) -> list[int]:
-        assert self.generator is not None
-        lag = LoopLag()
-        lag.start()
-        try:
-            with on_schedule():
-                wait = (part.start_ns - time.perf_counter_ns()) / 1e9
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                until = _monotonic(part.until_ns)
-                if part.schedule:
-                    work = self.generator.open(part.level, part.schedule, records, stop, until)
-                else:
-                    work = self.generator.closed(part.level, part.users, part.indices, records, stop, until)
-                await until_done(work, stop, _monotonic(part.deadline_ns))
-        finally:
-            samples = await lag.stop()
-        return samples
+    def _stamped(self, records: list[RequestRecord]) -> list[RequestRecord]:
+        """The records named by this generator (`llmspans.load.generator`), for the driver's table."""
+        for record in records:
+            record.generator = self.attribute
+        return records
 
     async def close(self) -> None:
         """The client closed, and every span and metric exported (into the spans file, or over OTLP)."""
-        if self.generator is not None:
-            await self.generator.close()
-            self.generator = None
-        if self.server_metrics is not None:
-            self.server_metrics.close()
-            self.server_metrics = None
-        provider = trace.get_tracer_provider()
-        if isinstance(provider, TracerProvider):
-            provider.shutdown()
-        meter_provider = metrics.get_meter_provider()
-        if isinstance(meter_provider, MeterProvider):
-            meter_provider.shutdown()
+        await shut_down(self.generator, self.server_metrics)
+        self.generator = None
+        self.server_metrics = None
 
     async def spans(self, offset: int) -> tuple[bytes, bool]:
         """The spans file from `offset`, one piece, and whether that was its end (then it is removed)."""
@@ -236,5 +178,5 @@ class GeneratorActor:
         return piece, last
 
 
-def _monotonic(perf_ns: int) -> float:
-    return time.monotonic() + (perf_ns - time.perf_counter_ns()) / 1e9
+def _in_flight(records: list[RequestRecord]) -> tuple[int, ...]:
+    return tuple(record.index for record in records if record.issued_ns and not record.done_ns)

@@ -13,11 +13,10 @@ whose predecessor was cancelled is not sent.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from llmspans.load._generator import Generator
+from llmspans.load._generator import Generator, InFlight
 from llmspans.load._model import Level
 from llmspans.load._requests import RequestRecord
 
@@ -35,46 +34,26 @@ async def send_replay(
     after: dict[int, list[tuple[int, int]]] = {}
     for index, previous, gap in follows:
         after.setdefault(previous, []).append((index, gap))
-    in_flight: set[asyncio.Task[None]] = set()
-
-    def spawn(work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        in_flight.add(task)
-        task.add_done_callback(in_flight.discard)
+    in_flight = InFlight()
 
     async def sent(record: RequestRecord, arguments: Any) -> None:
         await generator.send(record, arguments)
         if record.cancelled:
             return
         for index, gap in after.get(record.index, ()):
-            spawn(later(index, record.done_ns + gap))
+            in_flight.start(later(index, record.done_ns + gap))
 
     async def later(index: int, due: int) -> None:
-        arguments = generator.arguments(index)  # built before it is due: not the request's lag
-        wait = (due - time.perf_counter_ns()) / 1e9
-        if wait > 0:
-            await asyncio.sleep(wait)
-        if stop.is_set() or time.monotonic() >= until:
-            return
-        record = RequestRecord(index=index, level=level.label, scheduled_ns=due)
-        records.append(record)
-        await sent(record, arguments)
+        request = await generator.when_due(level, index, due, records, stop, until)
+        if request is not None:
+            await sent(*request)
 
     try:
         for index, due in heads:
-            arguments = generator.arguments(index)
-            wait = (due - time.perf_counter_ns()) / 1e9
-            if wait > 0:
-                await asyncio.sleep(wait)
-            if stop.is_set() or time.monotonic() >= until:
+            request = await generator.when_due(level, index, due, records, stop, until)
+            if request is None:
                 break
-            record = RequestRecord(index=index, level=level.label, scheduled_ns=due)
-            records.append(record)
-            spawn(sent(record, arguments))
-        while in_flight:
-            await asyncio.gather(*list(in_flight))
+            in_flight.start(sent(*request))
+        await in_flight.wait()
     finally:
-        for task in list(in_flight):
-            task.cancel()
-        if in_flight:
-            await asyncio.gather(*in_flight, return_exceptions=True)
+        await in_flight.cancel()

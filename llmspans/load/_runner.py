@@ -105,6 +105,10 @@ class Runner:
             raise ValueError(
                 "on Ray each generator has its own limiter: give the fleet the cap, not a Limiter"
             )
+        if fleet is not None and plan.shape == SHAPE_SPEED:
+            raise ValueError(
+                "a replay (speed levels) runs on this machine's processes, not on a Ray fleet yet"
+            )
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             raise ValueError(
                 f"workers must be a positive whole number or None (chosen per level), got {workers!r}"
@@ -263,26 +267,7 @@ class Runner:
             return None
         records: list[RequestRecord] = []
         self._records[level.label] = records
-        now_ns = time.perf_counter_ns()
-        until_ns = now_ns + int(max(0.0, min(deadline - time.monotonic(), self.plan.level_seconds)) * 1e9)
-        deadline_ns = now_ns + int(max(0.0, deadline - time.monotonic()) * 1e9)
-        start = now_ns + int(LEAD_S * 1e9)
-        indices = range(self._issued, self._issued + count)
-        if level.shape == SHAPE_CONCURRENCY:
-            parts = [
-                Part(level, start, until_ns, deadline_ns, users=users, indices=share)
-                for users, share in deal_closed(int(level.value), indices, workers)
-            ]
-        elif level.shape == SHAPE_SPEED:
-            parts = [
-                Part(level, start, until_ns, deadline_ns, schedule=heads, follows=follows)
-                for heads, follows in deal_replay(*self._replay_schedule(level, count, start), workers)
-            ]
-        else:
-            parts = [
-                Part(level, start, until_ns, deadline_ns, schedule=share)
-                for share in deal_open(self._schedule(level, count, start), workers)
-            ]
+        parts = self._parts(level, count, workers, LEAD_S, deadline)
         async with self._watching(level, records, count, sampler) as started:
             cpu = time.process_time()
             done = await pool.run_level(parts, stop, records.extend)
@@ -316,21 +301,7 @@ class Runner:
             return None
         records: list[RequestRecord] = []
         self._records[level.label] = records
-        now_ns = time.perf_counter_ns()
-        until_ns = now_ns + int(max(0.0, min(deadline - time.monotonic(), self.plan.level_seconds)) * 1e9)
-        deadline_ns = now_ns + int(max(0.0, deadline - time.monotonic()) * 1e9)
-        start = now_ns + int(RAY_LEAD_S * 1e9)
-        indices = range(self._issued, self._issued + count)
-        if level.shape == SHAPE_CONCURRENCY:
-            parts = [
-                Part(level, start, until_ns, deadline_ns, users=users, indices=share)
-                for users, share in deal_closed(int(level.value), indices, len(members))
-            ]
-        else:
-            parts = [
-                Part(level, start, until_ns, deadline_ns, schedule=share)
-                for share in deal_open(self._schedule(level, count, start), len(members))
-            ]
+        parts = self._parts(level, count, len(members), RAY_LEAD_S, deadline)
         async with self._watching(level, records, count, sampler) as started:
             cpu = time.process_time()  # the driver's share, as the runner's is counted with worker processes
             outcome = await fleet.run_level(members, parts, stop, records.extend)
@@ -343,6 +314,30 @@ class Runner:
             loop_lag=[sample for part in outcome.done for sample in part.loop_lag_ns], lost=outcome.lost,
             lost_generators=outcome.lost_generators,
         )  # fmt: skip
+
+    def _parts(self, level: Level, count: int, shares: int, lead_s: float, deadline: float) -> list[Part]:
+        """The level dealt into `shares` parts, one a process, all on one epoch `lead_s` from now (time for
+        every process to have its part): a closed loop's users and requests, an open loop's schedule, or a
+        replay's turns. Each part stops issuing after `level_seconds` and ends by `deadline`."""
+        now_ns = time.perf_counter_ns()
+        until_ns = now_ns + int(max(0.0, min(deadline - time.monotonic(), self.plan.level_seconds)) * 1e9)
+        deadline_ns = now_ns + int(max(0.0, deadline - time.monotonic()) * 1e9)
+        start = now_ns + int(lead_s * 1e9)
+        if level.shape == SHAPE_CONCURRENCY:
+            indices = range(self._issued, self._issued + count)
+            return [
+                Part(level, start, until_ns, deadline_ns, users=users, indices=share)
+                for users, share in deal_closed(int(level.value), indices, shares)
+            ]
+        if level.shape == SHAPE_SPEED:
+            return [
+                Part(level, start, until_ns, deadline_ns, schedule=heads, follows=follows)
+                for heads, follows in deal_replay(*self._replay_schedule(level, count, start), shares)
+            ]
+        return [
+            Part(level, start, until_ns, deadline_ns, schedule=share)
+            for share in deal_open(self._schedule(level, count, start), shares)
+        ]
 
     def _worker_pool(self) -> WorkerPool:
         if self._pool is None:

@@ -3,29 +3,22 @@
 It reads its set-up and then its parts of levels from stdin, and answers on stdout, in `_workers`' frames;
 its own fd 1 points at stderr meanwhile, so nothing a library prints can break a frame. It calls
 `configure()` as the command does (with its own traces file when the spans go to the embedded default's
-file), drives its parts on its own `Generator`, and at the end of its pipe stops what it was doing, flushes
-its spans and exits. Ctrl-C is the runner's to handle: the worker runs in a session of its own.
+file), drives its parts on its own `Generator` as a Ray generator does (`_part.py`), and at the end of its
+pipe stops what it was doing, flushes its spans and exits. Ctrl-C is the runner's to handle: the worker
+runs in a session of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import os
 import sys
 import time
 
-from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.trace import TracerProvider
-
-import llmspans
 from llmspans import _names as names
-from llmspans.load._generator import Generator, LoadError, on_schedule, until_done
-from llmspans.load._host import LoopLag
-from llmspans.load._model import SHAPE_SPEED
-from llmspans.load._replay_send import send_replay
+from llmspans.load._generator import Generator, LoadError
+from llmspans.load._part import Ended, send_part, set_up, shut_down, warm_up
 from llmspans.load._requests import RequestRecord
 from llmspans.load._workers import (
     SHIP_EVERY_S,
@@ -57,22 +50,10 @@ class _Worker:
         setup = self.setup
         if setup.traces_file is not None:
             os.environ[names.ENV_TRACES_FILE] = setup.traces_file  # configure()'s own rules, another file
-        configuration = llmspans.configure(service_name=setup.service_name)
-        provider = trace.get_tracer_provider()
-        if not isinstance(provider, TracerProvider):
-            raise LoadError("the global tracer provider is not the OpenTelemetry SDK's")
-        if setup.traces_file is not None and configuration.mode != "file":
-            raise LoadError(f"configure() sends this worker's spans over {configuration.mode}, not to a file")
-        if setup.vllm_interval is not None:
-            self.server_metrics = ServerMetrics(setup.base_url, interval=setup.vllm_interval)
-        self.generator = Generator(
-            setup.workload, base_url=setup.base_url, tracer_provider=provider, run_id=setup.run_id,
-            api_key=setup.api_key, provider=setup.provider, server_metrics=self.server_metrics,
-            max_retries=setup.max_retries, timeout=setup.timeout, client=setup.client,
-        )  # fmt: skip
-        await self.generator.start()
-        gc.collect()
-        gc.freeze()  # what start-up made is never garbage: no collection walks it again
+        self.generator, self.server_metrics = set_up(
+            setup, sender="worker", to_file=setup.traces_file is not None
+        )
+        await warm_up(self.generator)
 
     async def part(self, part: Part, stop: asyncio.Event) -> None:
         """Its part of a level; a failure of its own is sent as one line (the runner names the worker)."""
@@ -84,66 +65,28 @@ class _Worker:
     async def _part(self, part: Part, stop: asyncio.Event) -> None:
         assert self.generator is not None
         records: list[RequestRecord] = []
+        ended = Ended(records)
         cpu = time.process_time()
-        seen, waiting = 0, []
-
-        def ended() -> list[RequestRecord]:
-            """The records that will not change any more (done, their call span read), not sent before."""
-            nonlocal seen, waiting
-            waiting.extend(records[seen:])
-            seen = len(records)
-            final = [record for record in waiting if record.done_ns and record.recorded]
-            waiting = [record for record in waiting if not (record.done_ns and record.recorded)]
-            return final
 
         async def ship() -> None:
             while True:
                 await asyncio.sleep(SHIP_EVERY_S)
-                final = ended()
+                final = ended.take()
                 if final:
                     self.send(Records(final))
 
-        until = _monotonic(part.until_ns)
         shipping = asyncio.ensure_future(ship())
-        lag = LoopLag()
-        lag.start()
         try:
-            with on_schedule():
-                wait = (part.start_ns - time.perf_counter_ns()) / 1e9
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                if part.level.shape == SHAPE_SPEED:
-                    work = send_replay(
-                        self.generator, part.level, part.schedule, part.follows, records, stop, until
-                    )
-                elif part.schedule:
-                    work = self.generator.open(part.level, part.schedule, records, stop, until)
-                else:
-                    work = self.generator.closed(part.level, part.users, part.indices, records, stop, until)
-                await until_done(work, stop, _monotonic(part.deadline_ns))
+            loop_lag = await send_part(self.generator, part, records, stop)
         finally:
             shipping.cancel()
             await asyncio.gather(shipping, return_exceptions=True)
-            loop_lag = await lag.stop()
         spans = self.generator.level_spans(part.level, records)
-        self.send(PartDone(ended() + waiting, spans, time.process_time() - cpu, loop_lag))
+        self.send(PartDone(ended.rest(), spans, time.process_time() - cpu, loop_lag))
         await self.writer.drain()
 
     async def close(self) -> None:
-        if self.generator is not None:
-            await self.generator.close()
-        if self.server_metrics is not None:
-            self.server_metrics.close()
-        provider = trace.get_tracer_provider()
-        if isinstance(provider, TracerProvider):
-            provider.shutdown()  # its spans into its file (or over OTLP) before the process ends
-        meter_provider = metrics.get_meter_provider()
-        if isinstance(meter_provider, MeterProvider):
-            meter_provider.shutdown()
-
-
-def _monotonic(perf_ns: int) -> float:
-    return time.monotonic() + (perf_ns - time.perf_counter_ns()) / 1e9
+        await shut_down(self.generator, self.server_metrics)
 
 
 async def _serve(fd_in: int, fd_out: int) -> int:
