@@ -12,9 +12,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping
-from typing import Literal, NamedTuple, overload
-
-from opentelemetry.trace import Span
+from typing import Any, Literal, NamedTuple, overload
 
 from llmspans import _names as names
 
@@ -181,9 +179,15 @@ def seconds(ns: int) -> float:
     return ns / 1e9
 
 
-def record_on_span(span: Span, budget: float | None, elapsed_ns: int) -> bool:
+def exceeded(budget: float, elapsed_ns: int) -> bool:
+    """Whether `elapsed_ns` went over `budget` seconds (what `record_on_span` writes, without a span)."""
+    return elapsed_ns > round(budget * 1e9)
+
+
+def record_on_span(span: Any, budget: float | None, elapsed_ns: int) -> bool:
     """Write the budget attributes on `span` (when it records), and an event at the instant an exceeded
-    budget ran out (a mark on the bar); True when the budget was exceeded."""
+    budget ran out (a mark on the bar); True when the budget was exceeded. `span` may be what a held span
+    collects its owner's end in (`_held_span.SpanFacts`)."""
     if budget is None:
         return False
     budget_ns = round(budget * 1e9)

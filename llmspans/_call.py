@@ -19,8 +19,9 @@ import itertools
 import threading
 import time
 import weakref
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import accumulate
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -29,30 +30,42 @@ from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _deferred, _guard, _phases, _telemetry
+from llmspans import _budget, _deferred, _guard, _held_span, _phases, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import seconds
-from llmspans._gaps import LINEAR as _SKETCH_LINEAR
-from llmspans._gaps import MAX_BITS as _SKETCH_MAX_BITS
 from llmspans._gaps import SIZE as _SKETCH_SIZE
-from llmspans._gaps import SUB as _SKETCH_SUB
-from llmspans._gaps import SUB_BITS as _SKETCH_SUB_BITS
-from llmspans._gaps import GapSketch
+from llmspans._gaps import GapSketch, bucket_bounds, bucket_index
 from llmspans._guard import check_fault, guarded, report
+from llmspans._held_span import HeldSpan
 from llmspans._stages import TurnTotals, current_turn
 
 if TYPE_CHECKING:
     from llmspans._limiter import Admission, Limiter
 
 T = TypeVar("T")
-# The inlined `GapSketch.add` of `content_chunk`: `_LINEAR + (shift - 1) * _SUB` is `_SKETCH_BASE + shift * _SUB`.
-_SKETCH_BASE = _SKETCH_LINEAR - _SKETCH_SUB
-_SKETCH_MASK = _SKETCH_SUB - 1
-_SKETCH_LINEAR_BITS = _SKETCH_SUB_BITS + 1  # a gap of at most this many bits is counted exactly
+
 _CHUNK_BOUNDS = metric.CHUNK_BOUNDARIES_NS
 _CHUNK_BUCKETS = len(_CHUNK_BOUNDS) + 1
+# One table of gap buckets serves a stream's two counts: every bucket of the inter-token sketch (`_gaps`)
+# and of the conventions' per-chunk histogram (gaps up to a boundary, inclusive) is a run of these, so a
+# chunk costs one `bisect` and one increment, and both counts are read from them at the end. `_FINE` holds
+# each bucket's lowest gap (ns); a gap's bucket is `bisect_right(_FINE, gap)`, from 1 (0 stays empty).
+_FINE: tuple[int, ...] = tuple(
+    sorted(
+        {bucket_bounds(index)[0] for index in range(_SKETCH_SIZE)}
+        | {0}
+        | {bound + 1 for bound in _CHUNK_BOUNDS}
+    )
+)
+_FINE_SIZE = len(_FINE) + 1
+_CHUNK_OF: tuple[int, ...] = (0, *(bisect_left(_CHUNK_BOUNDS, low) for low in _FINE))
+_SKETCH_OF: tuple[int, ...] = (0, *(bucket_index(low) for low in _FINE))
+# Where each histogram bucket's run of fine buckets ends (inclusive), for the counts at the end.
+_CHUNK_ENDS: tuple[int, ...] = tuple(
+    max(fine for fine in range(1, _FINE_SIZE) if _CHUNK_OF[fine] == index) for index in range(_CHUNK_BUCKETS)
+)
 # Outcomes that end while the client waits on the server: what follows the last chunk is the server's.
 _SERVER_ENDED = frozenset({names.OUTCOME_ERROR, names.OUTCOME_CANCELLED})
 
@@ -206,8 +219,9 @@ class CallRecord:
     # Gaps between chunks: the conventions' per-chunk histogram, counted as they come (or recorded
     # one by one where the SDK aggregates: `chunk_live`), and for a recording span a finer sketch
     # for its inter-token percentiles.
-    gaps: GapSketch | None = None
-    chunk_counts: list[int] | None = None
+    gap_counts: list[int] | None = None  # by `_FINE` bucket, from the second chunk on
+    itl_per_token: list[tuple[int, int]] | None = None  # (gap, tokens) of chunks that carried several tokens
+    one_token_max = 0  # from the first such chunk on, the largest gap of a one-token chunk
     chunk_lasts: list[int] | None = None
     chunk_live: Callable[[int], None] | None = None
     chunk_labels: metric.Labels | None = None
@@ -222,6 +236,12 @@ class CallRecord:
     span: Span = INVALID_SPAN
     recording = False
     budget: float | None = None
+    # A held span's end, from the call's end until the span is built or its facts compacted (`_held_span`):
+    # outcome, buckets, final status, duration; and whether something in it keeps its trace whole.
+    written: tuple[str, tuple[int, ...], int | None, int] = ("", (0, 0, 0, 0, 0, 0), None, 0)
+    keeps_trace = False
+    # What only its span needs from the answer, read when the span is written (`later`): (reader, payload).
+    later_reads: list[tuple[Callable[[Any], Mapping[str, AttributeValue] | None], Any]] | None = None
 
     def __init__(
         self,
@@ -261,18 +281,17 @@ class CallRecord:
         self.suppressed = False
         _open_calls.add(self)
         self.budget = _budget.registry.resolve(names.STAGE_LLM, budget)
-        span = self.span = sinks[0].start_span(
-            shape.span_name,
-            kind=SpanKind.CLIENT,
-            attributes=shape.span_attributes,
-            start_time=self.wall_anchor_ns,
+        # A held span where nothing on the provider can tell (`_held_span`): its end is written only if
+        # someone will export it, which under tail sampling is only if its trace is kept.
+        span = self.span = _held_span.start_span(
+            sinks[0], shape.span_name, None, SpanKind.CLIENT, shape.span_attributes, self.wall_anchor_ns
         )
         self.recording = recording = span.is_recording()
         if recording:  # what only a span someone will see needs
             if request_attributes is not None:
                 span.set_attributes(request_attributes())
             if stream:
-                self.gaps = GapSketch()
+                self.chunk_more = True  # its inter-token figures are read from the gaps at the end
 
     # --- instants -------------------------------------------------------------------------
 
@@ -287,12 +306,21 @@ class CallRecord:
         return self.wall_anchor_ns + (monotonic_ns - self.queued_ns)
 
     @guarded(sites.CALL_ADMITTED, None)
-    def admitted(self, now_ns: int, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+    def admitted(
+        self, now_ns: int, attributes: Callable[[], Mapping[str, AttributeValue]] | None = None
+    ) -> None:
+        """Admitted at `now_ns`; `attributes` reads what the span says of the admission (a limiter's)."""
         self.admitted_ns = now_ns
         if self.recording:
-            if attributes:
-                self.span.set_attributes(attributes)
-            self.span.add_event(names.EVENT_ADMITTED, timestamp=self.wall_ns(now_ns))
+            span = self.span
+            if type(span) is HeldSpan:  # kept as facts: read only if the span is built
+                if attributes is not None:
+                    span.note_attributes(attributes)
+                span.note_event(names.EVENT_ADMITTED, self.wall_ns(now_ns))
+                return
+            if attributes is not None:
+                span.set_attributes(attributes())
+            span.add_event(names.EVENT_ADMITTED, timestamp=self.wall_ns(now_ns))
 
     def admit(self, limiter: Limiter) -> None:
         """Wait for a slot of `limiter` and hold it until the call is over; a failure to get one (a
@@ -321,7 +349,7 @@ class CallRecord:
         self.on_release = admission.release
         # The lane is the limiter's name, on the call's metrics as well as its span.
         self.shape = self.shape.in_lane(admission.name)
-        self.admitted(admission.admitted_ns, admission.attributes() if self.recording else None)
+        self.admitted(admission.admitted_ns, admission.attributes if self.recording else None)
         if self.server_state is not None:
             self.watch_server()
 
@@ -393,44 +421,77 @@ class CallRecord:
             self.first_chunk_ns = now_ns
             return
         gap = now_ns - last
-        counts = self.chunk_counts
+        if tokens != 1 or self.itl_per_token is not None:  # (vLLM's continuous usage: rare)
+            self._per_token(gap, tokens)
+        counts = self.gap_counts
         if counts is None:
             counts = self._first_gap(gap)
         elif gap < self.gap_min:
             self.gap_min = gap
         elif gap > self.gap_max:
             self.gap_max = gap
-        index = bisect_left(_CHUNK_BOUNDS, gap)
-        counts[index] += 1  # (the chunks are these gaps and the first chunk: `chunks`)
+        fine = bisect_right(_FINE, gap)
+        counts[fine] += 1  # (the chunks are these gaps and the first chunk: `chunks`)
         if not self.chunk_more:  # an unsampled call's chunk: done
             return
         lasts = self.chunk_lasts
-        if lasts is not None:  # the exemplars' values: the last gap in each bucket
-            lasts[index] = gap
+        if lasts is not None:  # the exemplars' values: the last gap in each histogram bucket
+            lasts[_CHUNK_OF[fine]] = gap
         elif self.chunk_live is not None:  # the SDK's instrument records each gap itself
             self.chunk_live(gap)
-        gaps = self.gaps
-        if gaps is not None:
-            if tokens == 1:  # `GapSketch.add`, inlined (its count is taken at the end): once per chunk
-                if gap > gaps.max_ns:
-                    gaps.max_ns = gap
-                bits = gap.bit_length()
-                if _SKETCH_LINEAR_BITS < bits <= _SKETCH_MAX_BITS:  # nearly every gap: no clamp
-                    shift = bits - _SKETCH_SUB_BITS - 1
-                    gaps.counts[
-                        _SKETCH_BASE + (shift << _SKETCH_SUB_BITS) + ((gap >> shift) & _SKETCH_MASK)
-                    ] += 1
-                else:
-                    gaps.counts[gap if bits <= _SKETCH_LINEAR_BITS else _SKETCH_SIZE - 1] += 1
-            else:
-                per_token = gap // tokens
-                for _ in range(tokens):
-                    gaps.add(per_token)
+
+    def _per_token(self, gap: int, tokens: int) -> None:
+        """A chunk that carried several tokens (vLLM's continuous usage): its gap is each token's share in the
+        inter-token figures. From the first such chunk on, the largest gap of a one-token chunk is kept too
+        (before it, every gap was one: the largest so far, `gap_max`)."""
+        if tokens > 1:
+            if self.itl_per_token is None:
+                self.itl_per_token = []
+                self.one_token_max = self.gap_max if self.gap_counts is not None else 0
+            self.itl_per_token.append((gap, tokens))
+        elif gap > self.one_token_max:
+            self.one_token_max = gap
+
+    @property
+    def chunk_counts(self) -> list[int] | None:
+        """The per-chunk histogram's counts (gaps up to each of the conventions' boundaries), from the gaps."""
+        fine = self.gap_counts
+        if fine is None:
+            return None
+        running = list(accumulate(fine))
+        counts = [running[end] for end in _CHUNK_ENDS]
+        for index in range(_CHUNK_BUCKETS - 1, 0, -1):
+            counts[index] -= counts[index - 1]
+        return counts
+
+    @property
+    def gaps(self) -> GapSketch | None:
+        """The stream's inter-token sketch (`_gaps`), made from its gaps: for a span that records."""
+        if not (self.recording and self.stream):
+            return None
+        sketch = GapSketch()
+        fine = self.gap_counts
+        if fine is None:
+            return sketch
+        counts = sketch.counts
+        for index, count in enumerate(fine):
+            if count:
+                counts[_SKETCH_OF[index]] += count
+        sketch.max_ns = self.gap_max
+        spread = self.itl_per_token
+        if spread:
+            sketch.max_ns = self.one_token_max
+            for gap, tokens in spread:  # a chunk of several tokens: each token its share of the gap
+                counts[_SKETCH_OF[bisect_right(_FINE, gap)]] -= 1
+                counts[bucket_index(gap // tokens)] += tokens
+                sketch.max_ns = max(sketch.max_ns, gap // tokens)
+        sketch.count = sum(counts)
+        return sketch
 
     @property
     def chunks(self) -> int:
         """Content chunks so far: the first, and one per gap counted after it."""
-        counts = self.chunk_counts
+        counts = self.gap_counts
         if counts is not None:
             return 1 + sum(counts)
         return 1 if self.first_chunk_ns else 0
@@ -443,7 +504,7 @@ class CallRecord:
         for the exemplars where there can be any (a sampled span, or a filter that wants them all).
         """
         self.gap_min = self.gap_max = gap
-        counts = self.chunk_counts = [0] * _CHUNK_BUCKETS
+        counts = self.gap_counts = [0] * _FINE_SIZE
         if self.suppressed:
             return counts
         self.chunk_labels = self.shape.chunk_labels(self.response_model)
@@ -457,7 +518,7 @@ class CallRecord:
         except Exception as failure:
             report(sites.CALL_CHUNK_METRIC, failure)
             self.chunk_live = _ignore_gap
-        self.chunk_more = self.gaps is not None or self.chunk_lasts is not None or self.chunk_live is not None
+        self.chunk_more = self.chunk_lasts is not None or self.chunk_live is not None
         return counts
 
     def set_usage(self, input_tokens: Any, output_tokens: Any, cache_read_tokens: Any = None) -> None:
@@ -489,13 +550,42 @@ class CallRecord:
             return
         choices = self._choices
         if choices is None:
-            choices = self._choices = {}
+            if index == 0 and not self.finish_reasons:  # the one choice of most calls: no table
+                self.finish_reasons = (str(reason),)
+                return
+            choices = self._choices = {0: self.finish_reasons[0]} if self.finish_reasons else {}
         choices[index if isinstance(index, int) else len(choices)] = str(reason)
         self.finish_reasons = tuple(choices[key] for key in sorted(choices))
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         if self.recording:
             self.span.set_attributes(attributes)
+
+    # --- a held span's facts (`_held_span.SpanFacts`) ---------------------------------------------------
+
+    def write_span(self, span: Any) -> None:
+        """Its held span is built (its trace kept, or its end on a plain provider): its end, written now."""
+        CallFacts(self, *self.written).write_span(span)
+
+    def compact(self) -> CallFacts:
+        """Its held span is kept waiting for its trace's decision: what it needs of this record, a few hundred
+        bytes, so the record itself (and its sketch and per-chunk counts) can go."""
+        facts = CallFacts(self, *self.written)
+        facts.keeps_trace = self.keeps_trace
+        return facts
+
+    def later(self, read: Callable[[Any], Mapping[str, AttributeValue] | None], payload: Any) -> bool:
+        """For a held span (`_held_span`): read `payload` (an answer, a chunk, a usage block) for the attributes
+        only the span needs (`read(payload)`) when the span is written, which under tail sampling is only if
+        its trace is kept; the span keeps a reference to `payload` until then. False for any other span: the
+        caller reads it now."""
+        if type(self.span) is not HeldSpan or self.finished:
+            return False
+        if self.later_reads is None:
+            self.later_reads = [(read, payload)]
+        else:
+            self.later_reads.append((read, payload))
+        return True
 
     # --- finish -----------------------------------------------------------------------------
 
@@ -604,8 +694,9 @@ class CallRecord:
         except Exception as failure:  # what @guarded does, without its extra frame on every call
             report(sites.CALL_FINISH, failure)
         finally:
+            span = self.span
             try:
-                self.span.end(end_time=self.wall_ns(released))
+                span.end(end_time=self.wall_ns(released))
             except Exception as failure:  # a span processor that raises must not reach the app
                 report(sites.CALL_SPAN_END, failure)
             if self.on_release is not None:
@@ -629,9 +720,15 @@ class CallRecord:
         queued, built, a, b, c, d, e, f, _ = self.instants_ns(released, outcome)
         buckets = (a - built, c - b, d - c, e - d + (b - a) + (built - queued), f - e, released - f)
         duration_ns = released - queued
-        exceeded = self.budget is not None and _budget.record_on_span(self.span, self.budget, duration_ns)
+        exceeded = self.budget is not None and _budget.exceeded(self.budget, duration_ns)
         if self.recording:
-            self._write_span(outcome, buckets, final_status)
+            span = self.span
+            if type(span) is HeldSpan:  # its end is written if it is ever built (`write_span`): not now
+                self.written = (outcome, buckets, final_status, duration_ns)
+                self.keeps_trace = bool(self.error_type) or len(attempts) > 1 or exceeded
+                span.mark_facts(self)
+            else:
+                CallFacts(self, outcome, buckets, final_status, duration_ns).write_span(span)
             if self.server_state is not None:
                 self.stamp_server_state()
             # Phase spans only where someone will look (a slow call): a fast call pays this comparison.
@@ -648,92 +745,6 @@ class CallRecord:
                 lever.finished(self, outcome, duration_ns)
             except Exception as failure:
                 report(sites.CALL_FINISH, failure)
-
-    def _write_span(self, outcome: str, buckets: tuple[int, ...], final_status: int | None) -> None:
-        """The call span's attributes and events; only for a span that records (docs/telemetry.md lists
-        which attributes are left out when they carry nothing)."""
-        span = self.span
-        queue, retry, connect, first_token, stream, post = buckets
-        attributes: dict[str, AttributeValue] = {  # `seconds`, inlined
-            _QUEUE_ATTRIBUTE: queue / 1e9,
-            _RETRY_ATTRIBUTE: retry / 1e9,
-            _CONNECT_ATTRIBUTE: connect / 1e9,
-            _FIRST_TOKEN_ATTRIBUTE: first_token / 1e9,
-            _STREAM_ATTRIBUTE: stream / 1e9,
-            _POST_ATTRIBUTE: post / 1e9,
-            names.BUCKET_DOMINANT: names.BUCKETS[buckets.index(max(buckets))],  # ties: the earlier
-        }
-        attempts = self.attempts
-        if len(attempts) > 1:
-            failed = attempts[:-1]
-            attributes[names.RETRY_COUNT] = len(failed)
-            attributes[names.RETRY_CAUSES] = [attempt.cause or "unknown" for attempt in failed]
-            if self.wasted_output_tokens:
-                attributes[names.RETRY_WASTED_OUTPUT_TOKENS] = self.wasted_output_tokens
-            for attempt, following in itertools.pairwise(attempts):
-                span.add_event(names.EVENT_RETRY, *self._retry_event(attempt, following))
-        if attempts:
-            opened = 0
-            for attempt in attempts:
-                if attempt.new_connection:
-                    opened += 1
-            if opened:
-                attributes[names.CONNECT_NEW] = opened
-            attributes[names.CONNECT_REUSED] = not attempts[-1].new_connection
-        if final_status is not None:
-            attributes[names.HTTP_RESPONSE_STATUS_CODE] = final_status
-        if self.stream:
-            attributes[names.STREAM_CHUNKS] = self.chunks
-            attributes[names.STREAM_OUTCOME] = outcome
-            if attempts and attempts[-1].body_done_ns is None and attempts[-1].status is not None:
-                attributes[names.STREAM_CLOSED_BEFORE_END] = True
-            if self.first_chunk_ns:
-                attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = seconds(
-                    self.first_chunk_ns - self.issued_ns()
-                )
-                for event, at in (
-                    (names.EVENT_FIRST_TOKEN, self.first_chunk_ns),
-                    (names.EVENT_LAST_TOKEN, self.last_chunk_ns),
-                ):
-                    span.add_event(event, {names.ELAPSED: seconds(at - self.queued_ns)}, self.wall_ns(at))
-            gaps = self.gaps
-            if gaps is not None:
-                gaps.count = sum(gaps.counts)  # not counted chunk by chunk (`content_chunk`)
-            if gaps is not None and gaps.count:
-                p50, p95 = gaps.quantiles_ns(0.5, 0.95)
-                attributes[names.ITL_P50] = seconds(p50)
-                attributes[names.ITL_P95] = seconds(p95)
-                attributes[names.ITL_MAX] = seconds(gaps.max_ns)
-            speed = self.output_speed(stream)
-            if speed is not None:
-                attributes[names.OUTPUT_TOKENS_PER_SECOND] = speed
-        if self.response_id:
-            attributes[names.GEN_AI_RESPONSE_ID] = self.response_id
-        if self.response_model:
-            attributes[names.GEN_AI_RESPONSE_MODEL] = self.response_model
-        if self.finish_reasons:
-            attributes[names.GEN_AI_RESPONSE_FINISH_REASONS] = list(self.finish_reasons)
-        if self.input_tokens is not None:
-            attributes[names.GEN_AI_USAGE_INPUT_TOKENS] = self.input_tokens
-        if self.output_tokens is not None:
-            attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] = self.output_tokens
-        if self.cache_read_tokens is not None:
-            attributes[names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = self.cache_read_tokens
-        if self.error_type:
-            attributes[names.ERROR_TYPE] = self.error_type
-            span.set_status(Status(StatusCode.ERROR, self.error_type))
-        span.set_attributes(attributes)
-
-    def _retry_event(self, attempt: Attempt, following: Attempt) -> tuple[dict[str, AttributeValue], int]:
-        """A failed attempt's `llmspans.retry` event: its cause, its status, the back-off that followed it;
-        at the moment it ended (when the client knew it had failed)."""
-        attributes: dict[str, AttributeValue] = {names.RETRY_CAUSE: attempt.cause or "unknown"}
-        if attempt.status is not None:
-            attributes[names.HTTP_RESPONSE_STATUS_CODE] = attempt.status
-        ended = attempt.ended_ns
-        if ended is not None:
-            attributes[names.RETRY_BACKOFF] = seconds(max(0, following.started_ns - ended))
-        return attributes, self.wall_ns(ended if ended is not None else following.started_ns)
 
     def output_speed(self, stream_ns: int) -> float | None:
         """Output tokens per second while streaming, where the server said how many: the first token's
@@ -802,6 +813,172 @@ class CallRecord:
                 seconds(self.last_chunk_ns - self.first_chunk_ns), seconds(self.gap_min), seconds(self.gap_max),
                 [seconds(value) for value in lasts], sample,
             )  # fmt: skip
+
+
+class CallFacts:
+    """What a call span's end is written from, taken from the call at its end (`write_span`).
+
+    On an SDK span it is written at once; a held span (`_held_span`) keeps this instead, and writes it only
+    if the span is built: for a trace tail sampling drops, never. A few hundred bytes: the call's record,
+    its sketch and its per-chunk counts are let go when the call ends.
+    """
+
+    __slots__ = (
+        "attempts", "budget", "cache_read_tokens", "chunks", "error_type", "finish_reasons", "first_chunk_ns",
+        "input_tokens", "issued", "itl", "keeps_trace", "last_chunk_ns", "later", "output_tokens", "queued_ns",
+        "response_id", "response_model", "stream", "wall_anchor_ns", "wasted_output_tokens", "written",
+    )  # fmt: skip
+
+    def __init__(
+        self, call: CallRecord, outcome: str, buckets: tuple[int, ...], final_status: int | None, duration_ns: int
+    ) -> None:  # fmt: skip
+        self.written = (outcome, buckets, final_status, duration_ns)
+        self.keeps_trace = False  # (under tail sampling, the call sets it)
+        self.attempts = call.attempts
+        self.budget = call.budget
+        self.wasted_output_tokens = call.wasted_output_tokens
+        self.stream = stream = call.stream
+        if stream:
+            self.chunks = call.chunks
+            self.first_chunk_ns = call.first_chunk_ns
+            self.last_chunk_ns = call.last_chunk_ns
+            self.itl = _itl(call) if call.recording else None
+        self.issued = call.issued_ns()
+        self.queued_ns = call.queued_ns
+        self.wall_anchor_ns = call.wall_anchor_ns
+        self.response_id = call.response_id
+        self.response_model = call.response_model
+        self.finish_reasons = call.finish_reasons
+        self.input_tokens = call.input_tokens
+        self.output_tokens = call.output_tokens
+        self.cache_read_tokens = call.cache_read_tokens
+        self.error_type = call.error_type
+        self.later = call.later_reads
+
+    def wall_ns(self, monotonic_ns: int) -> int:
+        """Epoch time of a monotonic stamp, on the span's own time line (`CallRecord.wall_ns`)."""
+        return self.wall_anchor_ns + (monotonic_ns - self.queued_ns)
+
+    def compact(self) -> CallFacts:
+        return self
+
+    def write_span(self, span: Any) -> None:
+        """The call span's end: its budget, attributes, events and status (docs/telemetry.md lists which
+        attributes are left out when they carry nothing). On an SDK span when the call is written; on a held
+        span only when it is built (`_held_span.SpanFacts`)."""
+        outcome, buckets, final_status, duration_ns = self.written
+        later = self.later
+        if later is not None:  # what the adapter left to read until now (`CallRecord.later`), in order
+            self.later = None
+            for read, payload in later:
+                found = read(payload)
+                if found:
+                    span.set_attributes(found)
+        if self.budget is not None:
+            _budget.record_on_span(span, self.budget, duration_ns)
+        queue, retry, connect, first_token, stream, post = buckets
+        attributes: dict[str, AttributeValue] = {  # `seconds`, inlined
+            _QUEUE_ATTRIBUTE: queue / 1e9,
+            _RETRY_ATTRIBUTE: retry / 1e9,
+            _CONNECT_ATTRIBUTE: connect / 1e9,
+            _FIRST_TOKEN_ATTRIBUTE: first_token / 1e9,
+            _STREAM_ATTRIBUTE: stream / 1e9,
+            _POST_ATTRIBUTE: post / 1e9,
+            names.BUCKET_DOMINANT: names.BUCKETS[buckets.index(max(buckets))],  # ties: the earlier
+        }
+        attempts = self.attempts
+        if len(attempts) > 1:
+            failed = attempts[:-1]
+            attributes[names.RETRY_COUNT] = len(failed)
+            attributes[names.RETRY_CAUSES] = tuple([attempt.cause or "unknown" for attempt in failed])
+            if self.wasted_output_tokens:
+                attributes[names.RETRY_WASTED_OUTPUT_TOKENS] = self.wasted_output_tokens
+            for attempt, following in itertools.pairwise(attempts):
+                span.add_event(names.EVENT_RETRY, *self._retry_event(attempt, following))
+        if attempts:
+            opened = 0
+            for attempt in attempts:
+                if attempt.new_connection:
+                    opened += 1
+            if opened:
+                attributes[names.CONNECT_NEW] = opened
+            attributes[names.CONNECT_REUSED] = not attempts[-1].new_connection
+        if final_status is not None:
+            attributes[names.HTTP_RESPONSE_STATUS_CODE] = final_status
+        if self.stream:
+            attributes[names.STREAM_CHUNKS] = self.chunks
+            attributes[names.STREAM_OUTCOME] = outcome
+            if attempts and attempts[-1].body_done_ns is None and attempts[-1].status is not None:
+                attributes[names.STREAM_CLOSED_BEFORE_END] = True
+            if self.first_chunk_ns:
+                attributes[names.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = seconds(
+                    self.first_chunk_ns - self.issued
+                )
+                for event, at in (
+                    (names.EVENT_FIRST_TOKEN, self.first_chunk_ns),
+                    (names.EVENT_LAST_TOKEN, self.last_chunk_ns),
+                ):
+                    span.add_event(event, {names.ELAPSED: seconds(at - self.queued_ns)}, self.wall_ns(at))
+            itl = self.itl
+            if itl is not None:
+                attributes[names.ITL_P50] = seconds(itl[0])
+                attributes[names.ITL_P95] = seconds(itl[1])
+                attributes[names.ITL_MAX] = seconds(itl[2])
+            tokens = self.output_tokens  # `CallRecord.output_speed`
+            if tokens is not None and tokens > 1 and stream > 0:
+                attributes[names.OUTPUT_TOKENS_PER_SECOND] = (tokens - 1) / seconds(stream)
+        if self.response_id:
+            attributes[names.GEN_AI_RESPONSE_ID] = self.response_id
+        if self.response_model:
+            attributes[names.GEN_AI_RESPONSE_MODEL] = self.response_model
+        if self.finish_reasons:
+            attributes[names.GEN_AI_RESPONSE_FINISH_REASONS] = self.finish_reasons
+        if self.input_tokens is not None:
+            attributes[names.GEN_AI_USAGE_INPUT_TOKENS] = self.input_tokens
+        if self.output_tokens is not None:
+            attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] = self.output_tokens
+        if self.cache_read_tokens is not None:
+            attributes[names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = self.cache_read_tokens
+        if self.error_type:
+            attributes[names.ERROR_TYPE] = self.error_type
+            span.set_status(Status(StatusCode.ERROR, self.error_type))
+        span.set_attributes(attributes)
+
+    def _retry_event(self, attempt: Attempt, following: Attempt) -> tuple[dict[str, AttributeValue], int]:
+        """A failed attempt's `llmspans.retry` event: its cause, its status, the back-off that followed it;
+        at the moment it ended (when the client knew it had failed)."""
+        attributes: dict[str, AttributeValue] = {names.RETRY_CAUSE: attempt.cause or "unknown"}
+        if attempt.status is not None:
+            attributes[names.HTTP_RESPONSE_STATUS_CODE] = attempt.status
+        ended = attempt.ended_ns
+        if ended is not None:
+            attributes[names.RETRY_BACKOFF] = seconds(max(0, following.started_ns - ended))
+        return attributes, self.wall_ns(ended if ended is not None else following.started_ns)
+
+
+def _itl(call: CallRecord) -> tuple[int, int, int] | None:
+    """A stream's inter-token p50, p95 and maximum (ns), as its sketch (`_gaps.GapSketch`) gives them: each
+    quantile the middle of its sketch bucket, capped at the largest gap; None without a gap."""
+    fine = call.gap_counts
+    if fine is None:
+        return None
+    if call.itl_per_token:  # chunks of several tokens: through the sketch itself
+        sketch = call.gaps
+        if sketch is None or not sketch.count:
+            return None
+        p50, p95 = sketch.quantiles_ns(0.5, 0.95)
+        return p50, p95, sketch.max_ns
+    running = list(accumulate(fine))
+    count = running[-1]
+    if not count:
+        return None
+    largest = call.gap_max
+    found = []
+    for q in (0.5, 0.95):  # `GapSketch.quantiles_ns`, on the finer buckets each sketch bucket is a run of
+        rank = max(1, min(count, round(q * count + 0.5 - 1e-9)))
+        low, high = bucket_bounds(_SKETCH_OF[bisect_left(running, rank)])
+        found.append(min((low + high - 1) // 2 if high - low > 1 else low, largest))
+    return found[0], found[1], largest
 
 
 def _ignore_gap(_gap_ns: int) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from itertools import accumulate
 
-# The sketch's layout: public, for the copy of `GapSketch.add` inlined in `CallRecord.content_chunk`.
+# The sketch's layout: public, for `CallRecord`'s one table of gap buckets (`_call._FINE`), each sketch bucket a
+# run of them.
 SUB_BITS = 3
 SUB = 1 << SUB_BITS  # sub-buckets per octave
 LINEAR = SUB * 2  # values below this are counted exactly
@@ -20,8 +21,8 @@ SIZE = LINEAR + (MAX_BITS - SUB_BITS - 1) * SUB
 
 
 def bucket_index(value_ns: int) -> int:
-    """Index of the bucket holding `value_ns`; kept in sync with the inlined copies in `GapSketch.add` and
-    `CallRecord.content_chunk` (tests/test_gaps.py checks all three agree)."""
+    """Index of the bucket holding `value_ns`; kept in sync with the inlined copy in `GapSketch.add` and with
+    `CallRecord`'s table of gap buckets (tests/test_gaps.py checks they agree)."""
     bits = value_ns.bit_length()
     if bits <= SUB_BITS + 1:
         return value_ns

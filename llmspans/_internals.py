@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import collections as _collections
 import importlib.metadata
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import attributes as _attributes
 from opentelemetry import baggage as _baggage
 from opentelemetry import context as _context
+from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.trace import DEFAULT_TRACE_STATE as _DEFAULT_TRACE_STATE
+from opentelemetry.trace import SpanContext as _SpanContext
 from opentelemetry.trace import propagation as _propagation
 
 
@@ -253,6 +258,170 @@ def _meter_provider_parts_present() -> bool:
     return present
 
 
+# Held spans (`_held_span`) stand in for `Tracer.start_span` and build the `ReadableSpan` an SDK span would
+# have ended as. Every part of the tracer a span is made from is read here; where one is not where it was,
+# `tracer_is_plain` says no and the tracer's spans stay the SDK's own (as before held spans).
+
+
+def span_processors(multi: Any) -> tuple[Any, ...] | None:
+    """The processors of a provider's `SynchronousMultiSpanProcessor` (a tuple replaced on each add, so
+    its identity says whether they changed); None when they are kept elsewhere."""
+    found = getattr(multi, "_span_processors", None)
+    return found if isinstance(found, tuple) else None
+
+
+processors_of = operator.attrgetter("_span_processors")
+"""`span_processors` without the checks, for a processor `span_processors` already found them on."""
+
+_new_tuple = tuple.__new__
+_clean_attribute_value: Any = getattr(_attributes, "_clean_attribute_value", None)
+_TRACE_ID_MAX = (1 << 128) - 1
+_SPAN_ID_MAX = (1 << 64) - 1
+
+
+def span_context(trace_id: int, span_id: int, flags: Any, state: Any) -> Any:
+    """A local `SpanContext`, made as its `__new__` makes it (a tuple of the ids, `is_remote`, the flags, the
+    state and whether the ids are valid) without its Python checks: the ids are ints from an id generator."""
+    valid = 0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX
+    return _new_tuple(_SpanContext, (trace_id, span_id, False, flags, state or _DEFAULT_TRACE_STATE, valid))
+
+
+def tracer_is_plain(tracer: Any) -> bool:
+    """A tracer a held span can stand in for: enabled by its configurator, without the SDK's own span
+    metrics (`OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED`), with its limits and scope where they were."""
+    try:
+        from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
+    except ImportError:
+        return False
+    config = getattr(tracer, "_tracer_config", None)
+    return (
+        _clean_attribute_value is not None
+        and getattr(config, "is_enabled", False) is True
+        and type(getattr(tracer, "_tracer_metrics", None)) is NoOpTracerMetrics
+        and hasattr(tracer, "_span_limits")
+        and hasattr(tracer, "_instrumentation_scope")
+    )
+
+
+def span_limits(tracer: Any) -> Any:
+    """The `SpanLimits` the tracer's spans are made under."""
+    return tracer._span_limits
+
+
+def instrumentation_scope(tracer: Any) -> Any:
+    return tracer._instrumentation_scope
+
+
+def static_decision(sampler: Any) -> Decision:
+    """The one decision of a `StaticSampler` (ALWAYS_ON, ALWAYS_OFF)."""
+    decision: Decision = sampler._decision
+    return decision
+
+
+def parent_based_delegates(sampler: Any) -> tuple[Any, ...] | None:
+    """A `ParentBased` sampler's delegates: root, remote parent sampled / not, local parent sampled / not;
+    None when they are kept elsewhere (the sampler is then asked itself)."""
+    try:
+        return (
+            sampler._root, sampler._remote_parent_sampled, sampler._remote_parent_not_sampled,
+            sampler._local_parent_sampled, sampler._local_parent_not_sampled,
+        )  # fmt: skip
+    except AttributeError:
+        return None
+
+
+def clean_attributes(attributes: Mapping[str, Any], max_length: int | None) -> Mapping[str, Any]:
+    """Attributes cleaned as an SDK span cleans them when they are set (sequences become tuples, bad keys
+    and values are dropped or made strings, strings cut at `max_length`)."""
+    cleaned: Mapping[str, Any] = _clean_attribute_value(attributes, max_length)
+    return cleaned
+
+
+def on_ending_of(processor_class: type) -> Any:
+    """A processor class's `_on_ending` (the SDK calls it as a span ends, before `on_end`)."""
+    return getattr(processor_class, "_on_ending", None)
+
+
+def sdk_span_class() -> Any:
+    """The span class a `Tracer` makes (`_Span`: `Span` itself refuses to be made directly)."""
+    from opentelemetry.sdk.trace import _Span
+
+    return _Span
+
+
+def tracer_provider_processors(provider: Any) -> tuple[Any, ...] | None:
+    """The span processors of an SDK TracerProvider, in order (None when kept elsewhere)."""
+    return span_processors(getattr(provider, "_active_span_processor", None))
+
+
+def set_tracer_provider_processors(provider: Any, processors: tuple[Any, ...]) -> None:
+    """Replace an SDK TracerProvider's span processors (its tracers read them through the same object):
+    zero-code tail sampling puts the ones the distro set up behind it."""
+    multi = provider._active_span_processor
+    with multi._lock:
+        multi._span_processors = processors
+
+
+def fill_attributes(bounded: Any, writes: Any) -> None:
+    """Each of `writes` (dicts already cleaned) into a `BoundedAttributes`, as the SDK's `set_attributes`
+    does (its `_set_items`: under its limits, in order, one lock a dict), then frozen, as `Span.end` leaves it."""
+    for write in writes:
+        bounded._set_items(write)
+    bounded._immutable = True
+
+
+def end_without_processors(span: Any, end_time: int | None) -> None:
+    """End an SDK span made to be read back (`HeldSpan.sdk_span`) as `Span.end` does (its end time set, its
+    attributes frozen) without handing it to the processors a second time."""
+    span._end_time = end_time
+    span._attributes._immutable = True
+
+
+@_reach(
+    "Tracer._tracer_config, _tracer_metrics, _span_limits, _instrumentation_scope; "
+    "TracerProvider._active_span_processor; SynchronousMultiSpanProcessor._span_processors, _lock; "
+    "StaticSampler._decision; ParentBased's delegates; "
+    "SpanProcessor._on_ending; opentelemetry.sdk.trace._Span, Span._end_time; SpanContext's tuple; "
+    "opentelemetry.attributes._clean_attribute_value, BoundedAttributes._immutable, _set_items",
+    ("opentelemetry-sdk", "opentelemetry-api"),
+    checked="1.45.2",
+    fallback="every span is the SDK's own (no held spans): tail sampling holds SDK spans and a head-sampled "
+    "span validates each attribute as it is set, as before; LLMSPANS_TAIL_SAMPLING applies through "
+    "configure() only",
+)
+def _held_span_parts_present() -> bool:
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON
+    from opentelemetry.trace import SpanContext
+
+    provider = TracerProvider()
+    provider.add_span_processor(SpanProcessor())
+    tracer = provider.get_tracer("llmspans-probe")
+    span = tracer.start_span("probe")
+    members = tracer_provider_processors(provider)
+    present = (
+        members is not None
+        and hasattr(getattr(provider, "_active_span_processor", None), "_lock")
+        and tracer_is_plain(tracer)
+        and span_processors(getattr(tracer, "span_processor", None)) is not None
+        and static_decision(ALWAYS_ON) is not None
+        and parent_based_delegates(DEFAULT_ON) is not None
+        and on_ending_of(SpanProcessor) is not None
+        and isinstance(span, sdk_span_class())
+        and hasattr(span, "_end_time")
+        and hasattr(getattr(span, "_attributes", None), "_immutable")
+        and callable(getattr(getattr(span, "_attributes", None), "_set_items", None))
+        and clean_attributes({"a": [1]}, None) == {"a": (1,)}
+        and processors_of(getattr(tracer, "span_processor", None)) is members
+        and span_context(5, 6, span.get_span_context().trace_flags, None)
+        == SpanContext(5, 6, False, span.get_span_context().trace_flags)
+        and span_context(0, 6, span.get_span_context().trace_flags, None).is_valid is False
+    )
+    span.end()
+    provider.shutdown()
+    return present
+
+
 # --- httpx, httpx2 -----------------------------------------------------------------------------------------
 
 
@@ -284,6 +453,44 @@ def _client_transport_present() -> bool:
     for library in filter(None, map(_module, ("httpx", "httpx2"))):
         with library.Client() as client:
             present = present and client_transport(client) is not None and client_mounts(client) is not None
+    return present
+
+
+_LOWER_KEY = operator.itemgetter(1)
+
+
+def add_header(headers: Any, lower_key: bytes, value: str) -> bool:
+    """Add a header the request does not have yet to an httpx or httpx2 `Headers`, as its `__setitem__` would
+    (raw and lowered key, the value encoded), without its scan for duplicates in Python; False when the request
+    has the header already, or the headers keep their list elsewhere: the caller sets it the public way."""
+    items = getattr(headers, "_list", None)
+    if type(items) is not list or lower_key in map(_LOWER_KEY, items):
+        return False
+    encoded = value.encode(getattr(headers, "_encoding", None) or "utf-8")
+    items.append((lower_key, lower_key, encoded))
+    return True
+
+
+@_reach(
+    "Headers._list, Headers._encoding (httpx and httpx2)",
+    ("httpx", "httpx2"),
+    checked="httpx 0.28.1, httpx2 2.16.2",
+    fallback="the transport sets traceparent through Headers.__setitem__ (a scan of the headers in Python)",
+)
+def _headers_list_present() -> bool:
+    present = True
+    for module in ("httpx", "httpx2"):
+        try:
+            library = importlib.import_module(module)
+        except ImportError:
+            continue
+        headers = library.Headers({"Accept": "x"})
+        present = present and add_header(headers, b"traceparent", "v") and headers.get("traceparent") == "v"
+        present = (
+            present
+            and headers.raw[-1] == (b"traceparent", b"v")
+            and not add_header(headers, b"traceparent", "w")
+        )
     return present
 
 

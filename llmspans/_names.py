@@ -347,3 +347,4 @@ SAMPLE_WEIGHT: Final = "llmspans.sample.weight"
 METRIC_SAMPLE_OVERFLOW: Final = "llmspans.sample.overflow"
 SAMPLE_OVERFLOW_CAP: Final = "llmspans.sample.cap"  # trace_spans | held_spans | max_age
 ENV_TRACES_SAMPLER: Final = "OTEL_TRACES_SAMPLER"
+ENV_TAIL_SAMPLING: Final = "LLMSPANS_TAIL_SAMPLING"

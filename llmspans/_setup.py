@@ -31,7 +31,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from llmspans import _budget, _call, _content, _internals, _openinference, _phases, _telemetry, _transport
@@ -40,7 +40,7 @@ from llmspans import _names as names
 from llmspans._aggregation import AggregatingReader, Aggregation, exemplar_filter
 from llmspans._exporters import PROTOCOLS, Compression, Protocol
 from llmspans._settings import check_attempt_spans, set_configured_attempt_spans
-from llmspans._tail_sampling import TailSampling, TailSamplingProcessor
+from llmspans._tail_sampling import TailSampling, TailSamplingProcessor, tail_sampling_from_environment
 from llmspans._version import __version__
 
 logger = logging.getLogger("llmspans")
@@ -161,7 +161,11 @@ def configure(
     and the project name Arize Phoenix reads. `metrics=False` exports no metrics (see `metrics_route`
     for where they go otherwise). `tail_sampling=llmspans.TailSampling(...)` records every trace and
     exports only those its rules keep (`_tail_sampling`; it wins over `OTEL_TRACES_SAMPLER`, said in the
-    notes). Export failures never raise into the application.
+    notes); without it, `LLMSPANS_TAIL_SAMPLING` is read. Under tail sampling llmspans' call, stage and
+    turn spans are held as facts and built only for a kept trace, while the tail-sampling processor is the
+    provider's only one: a processor the app adds to that provider (`add_span_processor`) ends this,
+    and sees every span, kept or dropped, as an SDK span from its start, as `defer=False` does (docs:
+    Sampling, Deferred spans). Export failures never raise into the application.
     """
     global _current
     _check_arguments(service_name, endpoint, protocol, traces_file, headers, metric_interval, compression)
@@ -197,6 +201,8 @@ def configure(
                     "llmspans: configure() was already called; exporters are unchanged (%s)", _current.mode
                 )
             return _current
+        if tail_sampling is None:  # for an app that sets it where it deploys, not in code
+            tail_sampling = tail_sampling_from_environment()
         _current = _set_up(
             service_name, endpoint, protocol, traces_file, headers, metric_interval, compression, metrics,
             tail_sampling,
@@ -391,6 +397,36 @@ def _set_up(
 def _sampled(processor: SpanProcessor, tail_sampling: TailSampling | None) -> SpanProcessor:
     """The exporting processor, behind tail sampling when asked for."""
     return processor if tail_sampling is None else TailSamplingProcessor(processor, sampling=tail_sampling)
+
+
+def tail_sample_the_global_provider() -> str | None:
+    """For zero-code use (`opentelemetry-instrument`, which sets up the providers itself): put the global SDK
+    TracerProvider's span processors behind the tail sampling `LLMSPANS_TAIL_SAMPLING` asks for. What it did,
+    or why it did nothing, in one line (None: the variable asks for none, or `configure()` set up the export)."""
+    sampling = tail_sampling_from_environment()
+    if sampling is None or _current is not None:
+        return None
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        note = f"{names.ENV_TAIL_SAMPLING}: no SDK TracerProvider is installed to sample: nothing done"
+    else:
+        members = _internals.tracer_provider_processors(provider)
+        if members is None or not members:
+            note = f"{names.ENV_TAIL_SAMPLING}: the TracerProvider exports through no span processor: nothing done"
+        elif any(isinstance(member, TailSamplingProcessor) for member in members):
+            return None  # already behind tail sampling
+        else:
+            _internals.set_tracer_provider_processors(
+                provider, (TailSamplingProcessor(*members, sampling=sampling),)
+            )
+            note = f"{names.ENV_TAIL_SAMPLING}: the TracerProvider's span processors are behind tail sampling"
+            head = getattr(provider, "sampler", None)
+            if head is not ALWAYS_ON and head is not DEFAULT_ON:
+                note += (
+                    f" (its sampler {type(head).__name__} decides first: tail sampling sees what it records)"
+                )
+    logger.info("llmspans: %s", note)
+    return note
 
 
 def _forget_metrics_in_a_forked_child(

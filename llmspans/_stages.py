@@ -25,15 +25,16 @@ from typing import Any, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _budget, _deferred, _guard, _openinference, _suppress, _telemetry
+from llmspans import _budget, _deferred, _guard, _held_span, _openinference, _suppress, _telemetry
 from llmspans import _metrics as metric
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import seconds
 from llmspans._guard import check_fault, guarded, report
+from llmspans._held_span import HeldSpan
 
 F = TypeVar("F", bound=Callable[..., Any])
 MISSING: Any = object()
@@ -69,19 +70,32 @@ def stage_labels(stage: str) -> metric.Labels:
 _TURN_LABELS = stage_labels(names.STAGE_TURN)
 
 
-def _record_exception(span: Span, error: BaseException) -> None:
+def _record_exception(span: Any, error_type: str) -> None:
     """The exception's type only: its message may quote prompts or tool arguments."""
-    span.add_event(names.EVENT_EXCEPTION, {names.EXCEPTION_TYPE: type(error).__qualname__})
-    span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
-    span.set_attribute(names.ERROR_TYPE, type(error).__qualname__)
+    span.add_event(names.EVENT_EXCEPTION, {names.EXCEPTION_TYPE: error_type})
+    span.set_status(Status(StatusCode.ERROR, error_type))
+    span.set_attribute(names.ERROR_TYPE, error_type)
+
+
+_ENDED_CONTEXT = otel_context.Context()  # what a scope whose held span ended holds as its context
 
 
 class Scope:
-    """One stage execution: starts its span, and on finish writes budget, totals and metrics once."""
+    """One stage execution: starts its span, and on finish writes budget, totals and metrics once.
+
+    Its span's end (`write_span`) is written at its finish on an SDK span, and only when it is built on a
+    held one (`_held_span`): for a stage in a trace tail sampling drops, never. What it is written from
+    (`error_type`, `cut`, `elapsed_ns`) is set at the finish of a span that records.
+    """
 
     __slots__ = (
-        "budget", "context", "done", "labels", "sinks", "span", "stage", "started_ns", "suppressed", "turn",
+        "budget", "context", "cut", "done", "elapsed_ns", "error_type", "keeps_trace", "labels", "sinks",
+        "span", "stage", "started_ns", "suppressed", "turn",
     )  # fmt: skip
+    error_type: str | None
+    cut: bool
+    elapsed_ns: int
+    keeps_trace: bool
 
     def __init__(
         self, stage: str, span_name: str, attributes: Mapping[str, AttributeValue], budget: float | None,
@@ -100,8 +114,10 @@ class Scope:
         )  # looked up once: the suppress switch, the parent, the span's context
         self.suppressed = suppressed = sinks is None or _suppress.suppressed_in(outer)
         self.sinks = sinks
-        self.span = (_suppress.NOOP_TRACER if suppressed else sinks[0]).start_span(  # type: ignore[index]
-            span_name, context=outer, kind=SpanKind.INTERNAL, attributes=attributes
+        self.span = (
+            _suppress.NOOP_TRACER.start_span(span_name, context=outer)
+            if suppressed
+            else _held_span.start_span(sinks[0], span_name, outer, SpanKind.INTERNAL, attributes)  # type: ignore[index]
         )
         self.context = trace.set_span_in_context(self.span, outer)
         self.started_ns = time.perf_counter_ns()
@@ -128,23 +144,42 @@ class Scope:
         except Exception as failure:  # what @guarded does, without its extra frame on every call
             report(sites.STAGE_FINISH, failure)
         finally:
+            span = self.span
             try:
-                self.span.end()
+                span.end()
             except Exception as failure:  # a span processor that raises must not reach the app
                 report(sites.STAGE_SPAN_END, failure)
+            if type(span) is HeldSpan:  # it holds this scope for its end: let go of it (no cycle)
+                self.span = INVALID_SPAN
+                self.context = _ENDED_CONTEXT
 
     def _write(self, elapsed_ns: int, error: BaseException | None, cut: bool) -> None:
         span = self.span
         recording = span.is_recording()
+        exceeded = self.budget is not None and _budget.exceeded(self.budget, elapsed_ns)
         if recording:
-            if error is not None:
-                _record_exception(span, error)
-            if cut:
-                span.set_attribute(names.BUDGET_CUT, True)
-        exceeded = self.budget is not None and _budget.record_on_span(span, self.budget, elapsed_ns)
+            self.error_type = None if error is None else type(error).__qualname__
+            self.cut = cut
+            self.elapsed_ns = elapsed_ns
+            if type(span) is HeldSpan:
+                self.keeps_trace = error is not None or exceeded
+                span.mark_facts(self)
+            else:
+                self.write_span(span)
         _record_stage(span, self.labels, elapsed_ns, exceeded, self.sinks[1], recording)  # type: ignore[index]
         if self.turn is not None:
             self.turn.add(self.stage, elapsed_ns)
+
+    def compact(self) -> Scope:
+        return self
+
+    def write_span(self, span: Any) -> None:
+        """The stage span's end: the exception's type, a cut, the budget (`_held_span.SpanFacts`)."""
+        if self.error_type is not None:
+            _record_exception(span, self.error_type)
+        if self.cut:
+            span.set_attribute(names.BUDGET_CUT, True)
+        _budget.record_on_span(span, self.budget, self.elapsed_ns)
 
 
 def _record_stage(
@@ -523,9 +558,17 @@ _TURN_OPENINFERENCE_ATTRIBUTES = MappingProxyType(
 
 
 class _TurnEntry:
+    """One entry into a turn: its span, its totals, and (once it ends) what its span's end is written from
+    (`write_span`: at its exit on an SDK span, only when it is built on a held one)."""
+
     __slots__ = (
-        "budget", "ctx_token", "span", "started_ns", "state_token", "suppressed", "totals", "totals_token",
+        "budget", "ctx_token", "elapsed_ns", "error_type", "keeps_trace", "span", "stage_totals", "started_ns",
+        "state_token", "suppressed", "totals", "totals_token",
     )  # fmt: skip
+    error_type: str | None
+    stage_totals: dict[str, int]
+    elapsed_ns: int
+    keeps_trace: bool
 
     def __init__(
         self,
@@ -544,6 +587,21 @@ class _TurnEntry:
         self.state_token: Any = None
         self.started_ns = time.perf_counter_ns()
 
+    def compact(self) -> _TurnEntry:
+        return self
+
+    def write_span(self, span: Any) -> None:
+        """The turn span's end: the exception's type, the seconds per stage, the dominant stage, the budget."""
+        if self.error_type is not None:
+            _record_exception(span, self.error_type)
+        stage_totals = self.stage_totals
+        span.set_attributes(
+            {names.TURN_STAGE_PREFIX + stage: seconds(ns) for stage, ns in stage_totals.items()}
+        )
+        if stage_totals:
+            span.set_attribute(names.TURN_DOMINANT_STAGE, max(stage_totals, key=stage_totals.__getitem__))
+        _budget.record_on_span(span, self.budget, self.elapsed_ns)
+
 
 class turn:
     """The root span of one interaction, as a sync or async context manager or a decorator."""
@@ -560,11 +618,11 @@ class turn:
     def _enter(self) -> Span:
         budget = _budget.registry.resolve(names.STAGE_TURN, self.budget)
         suppressed = _suppress.suppressed()
-        span = (_suppress.NOOP_TRACER if suppressed else _telemetry.tracer()).start_span(
-            f"{names.STAGE_TURN} {self.name}",
-            kind=SpanKind.INTERNAL,
-            attributes=_TURN_OPENINFERENCE_ATTRIBUTES if _openinference.enabled else _TURN_ATTRIBUTES,
-        )
+        span = _held_span.start_span(
+            _suppress.NOOP_TRACER if suppressed else _telemetry.tracer(), f"{names.STAGE_TURN} {self.name}",
+            None, SpanKind.INTERNAL,
+            _TURN_OPENINFERENCE_ATTRIBUTES if _openinference.enabled else _TURN_ATTRIBUTES,
+        )  # fmt: skip
         totals = TurnTotals()
         entry = _TurnEntry(span, budget, totals, current_turn.set(totals), suppressed)
         entry.ctx_token = otel_context.attach(trace.set_span_in_context(span))
@@ -580,34 +638,30 @@ class turn:
         current_turn.reset(entry.totals_token)
         try:
             if not entry.suppressed:
-                self._write(
-                    entry.span, entry.totals, time.perf_counter_ns() - entry.started_ns, entry.budget, error
-                )
+                self._write(entry, time.perf_counter_ns() - entry.started_ns, error)
         finally:
+            span = entry.span
             try:
-                entry.span.end()
+                span.end()
             except Exception as failure:
                 report(sites.TURN_SPAN_END, failure)
+            if type(span) is HeldSpan:  # it holds the entry for its end: let go of it (no cycle)
+                entry.span = INVALID_SPAN
 
     @guarded(sites.TURN_FINISH, None)
-    def _write(
-        self,
-        span: Span,
-        totals: TurnTotals,
-        elapsed_ns: int,
-        budget: float | None,
-        error: BaseException | None,
-    ) -> None:
+    def _write(self, entry: _TurnEntry, elapsed_ns: int, error: BaseException | None) -> None:
+        span = entry.span
+        budget = entry.budget
+        exceeded = budget is not None and _budget.exceeded(budget, elapsed_ns)
         if span.is_recording():
-            if error is not None:
-                _record_exception(span, error)
-            stage_totals = dict(totals.totals_ns)
-            span.set_attributes(
-                {names.TURN_STAGE_PREFIX + stage: seconds(ns) for stage, ns in stage_totals.items()}
-            )
-            if stage_totals:
-                span.set_attribute(names.TURN_DOMINANT_STAGE, max(stage_totals, key=stage_totals.__getitem__))
-        exceeded = _budget.record_on_span(span, budget, elapsed_ns)
+            entry.error_type = None if error is None else type(error).__qualname__
+            entry.stage_totals = dict(entry.totals.totals_ns)  # as they stand at the turn's end
+            entry.elapsed_ns = elapsed_ns
+            if type(span) is HeldSpan:
+                entry.keeps_trace = error is not None or exceeded
+                span.mark_facts(entry)
+            else:
+                entry.write_span(span)
         _record_stage(span, _TURN_LABELS, elapsed_ns, exceeded)
 
     def __enter__(self) -> Span:

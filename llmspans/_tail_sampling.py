@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -37,6 +37,7 @@ from llmspans import _guard, _internals, _metrics, _telemetry
 from llmspans import _names as names
 from llmspans import _sites as sites
 from llmspans._budget import Percentile, parse_duration
+from llmspans._held_span import HeldSpan, Holder, quiet_at_start
 
 logger = logging.getLogger("llmspans")
 
@@ -84,6 +85,9 @@ class TailSampling:
     reaches one is decided at once on what is held so far (kept whole if a held span failed, went over
     budget, was retried or hedged, or, at `max_age`, if a fixed `slower_than` already passed; else by
     the ratio), and its later spans follow that decision.
+    `defer` (on by default): llmspans' own call, stage and turn spans are held as the facts they are made
+    from and become SDK spans only if their trace is kept, while the processor is the provider's only one
+    (`_held_span`; what the wrapped processors see is the same). `defer=False` holds SDK spans.
     """
 
     ratio: float = 0.01
@@ -91,6 +95,7 @@ class TailSampling:
     max_spans_per_trace: int = 1000
     max_held_spans: int = 20_000
     max_age: float = 300.0
+    defer: bool = True
 
     def __post_init__(self) -> None:
         ratio = self.ratio
@@ -102,6 +107,8 @@ class TailSampling:
         object.__setattr__(self, "slower_than", check_slower_than(self.slower_than))
         _positive_int(self.max_spans_per_trace, "max_spans_per_trace")
         _positive_int(self.max_held_spans, "max_held_spans")
+        if not isinstance(self.defer, bool):
+            raise TypeError(f"defer must be True or False, got {self.defer!r}")
         object.__setattr__(self, "max_age", parse_duration(self.max_age, what="max_age"))
 
     @property
@@ -113,6 +120,81 @@ class TailSampling:
     def weight(self) -> float:
         """How many traces one kept by chance stands for."""
         return 1 / self.ratio if self.ratio > 0 else 1.0
+
+
+_ON_WORDS: Final = frozenset({"1", "true", "on", "yes"})
+_OFF_WORDS: Final = frozenset({"", "0", "false", "off", "no"})
+
+
+def _ratio(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"ratio must be a number from 0 to 1 (0.01 keeps 1 in 100), got {value!r}") from None
+
+
+def _whole(what: str) -> Callable[[str], int]:
+    def whole(value: str) -> int:
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{what} must be a whole number, got {value!r}") from None
+
+    return whole
+
+
+def _switch(value: str) -> bool:
+    word = value.lower()
+    if word in _ON_WORDS or word in _OFF_WORDS:
+        return word in _ON_WORDS
+    raise ValueError(f"defer must be true or false, got {value!r}")
+
+
+_FROM_TEXT: Final[dict[str, Callable[[str], object]]] = {
+    "ratio": _ratio,
+    "slower_than": lambda value: None if value.lower() in ("none", "off") else value,
+    "max_spans_per_trace": _whole("max_spans_per_trace"),
+    "max_held_spans": _whole("max_held_spans"),
+    "max_age": str,  # `parse_duration` reads it, as it reads the argument
+    "defer": _switch,
+}
+
+
+def tail_sampling_from_text(text: str) -> TailSampling | None:
+    """`TailSampling` from `"ratio=0.01,slower_than=p95"` (any of its arguments by name; `on` for its
+    defaults, `off` or nothing for none), checked by `TailSampling` itself as its arguments are: what
+    `LLMSPANS_TAIL_SAMPLING` holds. Raises ValueError or TypeError saying what to write."""
+    stripped = text.strip()
+    if stripped.lower() in _OFF_WORDS:
+        return None
+    if stripped.lower() in _ON_WORDS:
+        return TailSampling()
+    given: dict[str, object] = {}
+    for entry in filter(None, (part.strip() for part in stripped.split(","))):
+        key, sep, value = entry.partition("=")
+        key = key.strip()
+        if not sep or key not in _FROM_TEXT:
+            raise ValueError(
+                f"entry {entry!r} must be one of {', '.join(f'{name}=...' for name in _FROM_TEXT)}, "
+                "e.g. 'ratio=0.01,slower_than=p95'"
+            )
+        given[key] = _FROM_TEXT[key](value.strip())
+    return TailSampling(**given)  # type: ignore[arg-type]
+
+
+def tail_sampling_from_environment(environ: Mapping[str, str] | None = None) -> TailSampling | None:
+    """What `LLMSPANS_TAIL_SAMPLING` asks for (None: unset, off, or not understood). A value it cannot use
+    is one warning line naming the variable, and tail sampling stays off."""
+    text = (os.environ if environ is None else environ).get(names.ENV_TAIL_SAMPLING)
+    if text is None:
+        return None
+    try:
+        return tail_sampling_from_text(text)
+    except (TypeError, ValueError) as error:
+        logger.warning(
+            "llmspans: %s=%r is not used (%s); tail sampling is off", names.ENV_TAIL_SAMPLING, text, error
+        )
+        return None
 
 
 def threshold_hex(threshold: int) -> str:
@@ -186,12 +268,14 @@ class _Held:
 
     def __init__(self, first_ns: int) -> None:
         self.first_ns = first_ns
-        self.spans: list[ReadableSpan] = []
+        self.spans: list[ReadableSpan | HeldSpan] = []
         self.keep = False  # a held span failed, overran its budget, was retried or hedged
 
 
-def _must_keep(span: ReadableSpan) -> bool:
+def _must_keep(span: ReadableSpan | HeldSpan) -> bool:
     """A span that by itself keeps its trace whole: failed, over budget, retried or hedged."""
+    if type(span) is HeldSpan:
+        return span.keeps_trace()
     if span.status.status_code is StatusCode.ERROR:
         return True
     attributes = _internals.span_attributes(span)  # no read-only copy per look-up
@@ -205,10 +289,10 @@ def _must_keep(span: ReadableSpan) -> bool:
     )
 
 
-_Decision = tuple[list[ReadableSpan], float]  # the spans to export and their weight (0: dropped)
+_Decision = tuple[list[ReadableSpan | HeldSpan], float]  # the spans to export and their weight (0: dropped)
 
 
-class TailSamplingProcessor(SpanProcessor):
+class TailSamplingProcessor(Holder):
     """A span processor that keeps whole the traces worth keeping and hands only those on.
 
     Wrap the processors that export (`TailSamplingProcessor(BatchSpanProcessor(exporter), ratio=0.01)`)
@@ -261,6 +345,9 @@ class TailSamplingProcessor(SpanProcessor):
             raise TypeError(f"sampling must be llmspans.TailSampling(...), got {sampling!r}")
         self.sampling = sampling
         self._processors = tuple(wrapped)
+        # Whether the wrapped processors do nothing at a span's start: a kept held span is then built
+        # straight into what they export; otherwise each is replayed as an SDK span for their `on_start`.
+        self._quiet_starts = all(quiet_at_start(processor) for processor in wrapped)
         self._threshold = sampling.threshold
         self._chance_weight = sampling.weight
         self._th_chance = threshold_hex(self._threshold)
@@ -290,30 +377,56 @@ class TailSamplingProcessor(SpanProcessor):
             except Exception as error:
                 _guard.report(sites.TAIL_SAMPLING_EXPORT, error)
 
+    @property
+    def defers(self) -> bool:
+        """Whether llmspans' own spans are held unbuilt while this is the provider's only processor."""
+        return self.sampling.defer
+
     def on_end(self, span: ReadableSpan) -> None:
+        self._ended(span)
+
+    def hold(self, span: HeldSpan) -> None:
+        """A held span ended (`_held_span`): held as it is, built only if its trace is kept."""
+        self._ended(span)
+
+    def _ended(self, span: ReadableSpan | HeldSpan) -> None:
         decisions: list[_Decision] = []
         overflows: list[str] = []
         try:
-            _guard.check_fault(sites.TAIL_SAMPLING_DECIDE)
+            if _guard.faults:
+                _guard.check_fault(sites.TAIL_SAMPLING_DECIDE)
             context = span.context
-            if context is None or not context.trace_flags.sampled or self._shutdown:
+            held_span = type(span) is HeldSpan  # (sampled, by how it was made)
+            if context is None or self._shutdown or not (held_span or context.trace_flags.sampled):
                 return
-            trace_id = context.trace_id
+            trace_id = context[0]  # `trace_id`: the tuple's first member, without the property's call
             now = time.monotonic_ns()
             with self._lock:
                 weight = self._decided.get(trace_id)
                 if weight is not None:  # a span ending after its trace was decided follows it
                     if weight:
                         decisions.append(([span], weight))
+                    elif held_span:
+                        span.drop()  # type: ignore[union-attr]
                 else:
                     held = self._held.get(trace_id)
+                    parent = span.parent
+                    if held is None and (parent is None or parent.is_remote):
+                        # A root with nothing held before it (a call on its own): decided now, never held.
+                        decision = self._decide_alone(trace_id, span)
+                        if decision[1]:
+                            decisions.append(decision)
+                        if self._held:
+                            self._enforce_caps(now, decisions, overflows)
+                        return
                     if held is None:
                         held = self._held[trace_id] = _Held(now)
+                    if held_span:  # kept waiting for its trace's decision: it keeps the least it can
+                        span.wait()  # type: ignore[union-attr]
                     held.spans.append(span)
                     self._held_spans += 1
                     if not held.keep and _must_keep(span):
                         held.keep = True
-                    parent = span.parent
                     if parent is None or parent.is_remote:
                         del self._held[trace_id]
                         self._held_spans -= len(held.spans)
@@ -399,7 +512,17 @@ class TailSamplingProcessor(SpanProcessor):
 
     # --- deciding --------------------------------------------------------------------------------------
 
-    def _decide(self, trace_id: int, held: _Held, root: ReadableSpan) -> _Decision:
+    def _decide_alone(self, trace_id: int, root: ReadableSpan | HeldSpan) -> _Decision:
+        """Under the lock, at the end of a local root that had no span held before it."""
+        keep = _must_keep(root)
+        duration = (root.end_time or 0) - (root.start_time or 0)
+        if self._durations is not None:
+            keep = self._durations.slower(root.name, duration) or keep  # every root joins the window
+        elif self._slower_ns is not None and duration > self._slower_ns:
+            keep = True
+        return self._remember(trace_id, [root], keep, root.context)
+
+    def _decide(self, trace_id: int, held: _Held, root: ReadableSpan | HeldSpan) -> _Decision:
         """Under the lock, at the local root's end."""
         keep = held.keep
         duration = (root.end_time or 0) - (root.start_time or 0)
@@ -419,7 +542,7 @@ class TailSamplingProcessor(SpanProcessor):
         return self._remember(trace_id, held.spans, keep, held.spans[0].context if held.spans else None)
 
     def _remember(
-        self, trace_id: int, spans: list[ReadableSpan], keep: bool, context: SpanContext | None
+        self, trace_id: int, spans: list[ReadableSpan | HeldSpan], keep: bool, context: SpanContext | None
     ) -> _Decision:
         if keep:
             weight = 1.0
@@ -431,7 +554,12 @@ class TailSamplingProcessor(SpanProcessor):
         decided[trace_id] = weight
         if len(decided) > RECENT_DECISIONS:
             decided.popitem(last=False)
-        return (spans, weight) if weight else ([], 0.0)
+        if weight:
+            return spans, weight
+        for span in spans:  # dropped: held spans let go of their owners now
+            if type(span) is HeldSpan:
+                span.drop()
+        return [], 0.0
 
     # --- handing on ----------------------------------------------------------------------------------
 
@@ -442,7 +570,7 @@ class TailSamplingProcessor(SpanProcessor):
             th = "0" if weight == 1.0 and self._threshold > 0 else self._th_chance
             for span in spans:
                 try:
-                    copy = weighted_copy(span, weight, th)
+                    copy = self._weighted(span, weight, th)
                 except Exception as error:
                     _guard.report(sites.TAIL_SAMPLING_DECIDE, error)
                     continue
@@ -451,6 +579,16 @@ class TailSamplingProcessor(SpanProcessor):
                         processor.on_end(copy)
                     except Exception as error:
                         _guard.report(sites.TAIL_SAMPLING_EXPORT, error)
+
+    def _weighted(self, span: ReadableSpan | HeldSpan, weight: float, th: str) -> ReadableSpan:
+        """A kept span as exported, weighted. A held one is built now: straight, where the wrapped processors
+        do nothing at a span's start; else replayed as an SDK span that starts through this processor (their
+        `on_start`, each guarded) and is then copied weighted, as an SDK span ending here would be."""
+        if type(span) is not HeldSpan:
+            return weighted_copy(span, weight, th)  # type: ignore[arg-type]
+        if self._quiet_starts:
+            return span.build(weight, weighted_context(span.context, th))
+        return weighted_copy(span.sdk_span(self), weight, th)
 
 
 _live: weakref.WeakSet[TailSamplingProcessor] = weakref.WeakSet()
@@ -474,14 +612,19 @@ def _checked_processors(processors: Sequence[object]) -> list[SpanProcessor]:
     return list(processors)  # type: ignore[arg-type]
 
 
+def weighted_context(context: SpanContext, th: str) -> SpanContext:
+    """A kept span's context as exported: `ot=th:` in its tracestate."""
+    return SpanContext(
+        context.trace_id, context.span_id, context.is_remote, context.trace_flags,
+        _with_threshold(context.trace_state, th),
+    )  # fmt: skip
+
+
 def weighted_copy(span: ReadableSpan, weight: float, th: str) -> ReadableSpan:
     """The span as exported: its attributes plus its trace's weight, `ot=th:` in its tracestate."""
     context = span.context
     if context is not None:
-        context = SpanContext(
-            context.trace_id, context.span_id, context.is_remote, context.trace_flags,
-            _with_threshold(context.trace_state, th),
-        )  # fmt: skip
+        context = weighted_context(context, th)
     attributes = dict(_internals.span_attributes(span))
     attributes[names.SAMPLE_WEIGHT] = weight
     return ReadableSpan(

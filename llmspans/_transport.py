@@ -28,6 +28,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Protocol
 
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
@@ -238,18 +239,17 @@ class _AttemptScope:
             _open_attempts.add(self)
         if record.suppressed:
             return  # no span, and no traceparent sent
-        context = record.context()
+        sent_under: Span | None = None  # the call's span, unless this attempt has one
         if record.recording and (watcher.attempt_spans_always or resend):
             first = attempts[0]
             if first is not attempt and first.span is None:  # made now, with its real start and end
                 span_attempt_after(record, first)
-            attempt.span = start_attempt_span(record, attempt)
-            context = trace.set_span_in_context(attempt.span)
+            sent_under = attempt.span = start_attempt_span(record, attempt)
             if not tracked:
                 self.tracked = True
                 _open_attempts.add(self)
         try:  # a raising propagator must not reach the app (`swallow`, inlined: it runs on every call)
-            _inject(request.headers, context, record.shape.provider == PROVIDER_VLLM)
+            _inject_call(request.headers, record, sent_under, record.shape.provider == PROVIDER_VLLM)
             if _guard.faults:
                 check_fault(sites.TRANSPORT_INJECT)
         except Exception as failure:
@@ -411,6 +411,20 @@ _OTEL_INJECT = propagate.inject  # replaced (an app's or a tool's wrapper): thei
 _default_textmap: Any = None  # the global propagator, once found to be OpenTelemetry's default pair
 
 
+def _inject_call(headers: Any, record: CallRecord, attempt_span: Span | None, w3c_too: bool) -> None:
+    """`_inject` for a request sent under the call's span (or its attempt's), without making a context to
+    hold the span where the shortcut writes the header itself (no baggage in the current context)."""
+    span = record.span if attempt_span is None else attempt_span
+    if isinstance(span, Span) and otel_context.get_value(_BAGGAGE_KEY) is None and _shortcut():
+        _write_traceparent(headers, span)
+        return
+    _inject(
+        headers,
+        record.context() if attempt_span is None else trace.set_span_in_context(attempt_span),
+        w3c_too,
+    )
+
+
 def _inject(headers: Any, context: Context, w3c_too: bool) -> None:
     """The global propagator's headers; for vLLM also W3C `traceparent`, the only one it reads.
 
@@ -419,25 +433,35 @@ def _inject(headers: Any, context: Context, w3c_too: bool) -> None:
     generic path (a composite, a setter, two context look-ups each) cost more than the header.
     """
     span = context.get(_SPAN_KEY)
-    if (
-        propagate is _OTEL_PROPAGATE
-        and propagate.inject is _OTEL_INJECT
-        and isinstance(span, Span)
-        and _SHORTCUT
-        and context.get(_BAGGAGE_KEY) is None
-        and ((textmap := propagate.get_global_textmap()) is _default_textmap or _is_default_pair(textmap))
-    ):
-        span_context = span.get_span_context()
-        if span_context.is_valid:
-            headers["traceparent"] = (
-                f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
-            )
-            if span_context.trace_state:
-                headers["tracestate"] = span_context.trace_state.to_header()
+    if isinstance(span, Span) and context.get(_BAGGAGE_KEY) is None and _shortcut():
+        _write_traceparent(headers, span)
         return
     propagate.inject(headers, context=context)
     if w3c_too and "traceparent" not in headers:
         _W3C.inject(headers, context=context)
+
+
+def _shortcut() -> bool:
+    """Whether OpenTelemetry's own default propagators are in place, untouched (the shortcut's condition)."""
+    return (
+        propagate is _OTEL_PROPAGATE
+        and propagate.inject is _OTEL_INJECT
+        and _SHORTCUT
+        and ((textmap := propagate.get_global_textmap()) is _default_textmap or _is_default_pair(textmap))
+    )
+
+
+def _write_traceparent(headers: Any, span: Span) -> None:
+    """`traceparent` (and `tracestate`) exactly as the W3C propagator writes them; none for an invalid span."""
+    span_context = span.get_span_context()
+    if span_context.is_valid:
+        traceparent = (
+            f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{span_context.trace_flags:02x}"
+        )
+        if not _internals.add_header(headers, b"traceparent", traceparent):  # the request had one: replaced
+            headers["traceparent"] = traceparent
+        if span_context.trace_state:
+            headers["tracestate"] = span_context.trace_state.to_header()
 
 
 def _is_default_pair(textmap: Any) -> bool:

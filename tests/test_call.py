@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 import pytest
 
@@ -221,3 +222,59 @@ def test_building_before_the_request_is_first_token_and_a_limiter_wait_is_queue(
         0.050 + record.build_ns / 1e9
     )
     assert span.end_time - span.start_time == 57 * MS + record.build_ns
+
+
+def test_one_table_of_gaps_gives_the_sketchs_figures_and_the_conventions_histogram() -> None:
+    """A stream's gaps are counted once per chunk on one table of buckets; the inter-token p50, p95 and
+    maximum and the per-chunk histogram read from it at the end are what a `GapSketch` fed every token's
+    share and a count per convention bucket give, also with chunks that carried several tokens."""
+    import random
+    from bisect import bisect_left
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from llmspans import _call, _telemetry
+    from llmspans import _metrics as metric
+    from llmspans._gaps import GapSketch
+    from llmspans._metrics import SdkRecorder
+
+    rng = random.Random(7)
+    for several in (False, True):
+        sinks = (TracerProvider().get_tracer("t"), SdkRecorder(MeterProvider().get_meter("t")))
+        with _telemetry_override(_telemetry, sinks):
+            record = _call.CallRecord(operation="chat", model="m", provider="openai", stream=True)
+        sketch, histogram = GapSketch(), [0] * (len(metric.CHUNK_BOUNDARIES_NS) + 1)
+        t = record.queued_ns + 1
+        record.content_chunk(t)
+        gaps = [0, 1, 15, 16, 10_000_000, 10_000_001, 2**50] + [
+            int(rng.lognormvariate(15, 1.5)) for _ in range(400)
+        ]
+        for gap in gaps:
+            tokens = rng.choice((1, 1, 1, 3)) if several else 1
+            t += gap
+            record.content_chunk(t, tokens)
+            histogram[bisect_left(metric.CHUNK_BOUNDARIES_NS, gap)] += 1
+            for _ in range(tokens):
+                sketch.add(gap // tokens)
+        assert record.chunk_counts == histogram
+        assert record.chunks == len(gaps) + 1
+        p50, p95 = sketch.quantiles_ns(0.5, 0.95)
+        assert _call._itl(record) == (p50, p95, sketch.max_ns)
+        assert record.gaps is not None
+        assert record.gaps.counts == sketch.counts
+
+
+def _telemetry_override(telemetry: Any, sinks: Any) -> Any:
+    from contextlib import contextmanager
+
+    @contextmanager
+    def override() -> Any:
+        previous = telemetry._override
+        telemetry._override = sinks
+        try:
+            yield
+        finally:
+            telemetry._override = previous
+
+    return override()

@@ -41,7 +41,8 @@ def test_empty_sketch_reports_zero() -> None:
 
 
 def test_the_call_records_inlined_copy_counts_like_the_sketch() -> None:
-    """`CallRecord.content_chunk` inlines `GapSketch.add` (it runs per chunk): both must agree."""
+    """`CallRecord.content_chunk` counts gaps on its own table of buckets (one `bisect` a chunk), and the sketch
+    made from it at the end must be the one `GapSketch.add` fills."""
     from opentelemetry.sdk.trace import TracerProvider
 
     from llmspans import _telemetry

@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("the call record", {"llmspans._call", "llmspans._phases"}),
     ("stages and turns", {"llmspans._stages"}),
     ("telemetry: providers, metrics, aggregation", {"llmspans._telemetry", "llmspans._metrics", "llmspans._aggregation"}),
+    ("held spans: what the SDK would make, made when kept", {"llmspans._held_span"}),
     ("budgets and the limiter", {"llmspans._budget", "llmspans._limiter"}),
     ("the wire format, content", {"llmspans._openai_wire", "llmspans._content", "llmspans._conversation", "llmspans._sse"}),
     (

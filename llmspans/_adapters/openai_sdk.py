@@ -105,19 +105,40 @@ def _apply(record: CallRecord, info: ChunkInfo) -> None:
 
 def _usage(record: CallRecord, usage: Any) -> None:
     record.set_usage(*_openai_wire.read_usage(usage))
-    if record.recording:
+    if record.recording and not record.later(_usage_attributes, usage):
         more = _openai_wire.usage_attributes(usage)
         if more:
             record.set_attributes(more)
 
 
+def _usage_attributes(usage: Any) -> Mapping[str, Any] | None:
+    return _openai_wire.usage_attributes(usage)
+
+
 def _first_chunk(record: CallRecord, item: Any) -> None:
     """What a stream says once, on its first chunk: the response's id and model, tier, fingerprint."""
     record.set_response(getattr(item, "id", None), getattr(item, "model", None))
-    if record.recording:
+    if record.recording and not record.later(_response_attributes, item):
         more = _openai_wire.response_attributes(_openai_wire.fields(item))
         if more:
             record.set_attributes(more)
+
+
+def _response_attributes(item: Any) -> Mapping[str, Any] | None:
+    return _openai_wire.response_attributes(_openai_wire.fields(item))
+
+
+def _outcome(result: Any) -> Mapping[str, Any] | None:
+    """A whole response's id, finish reasons and span attributes, read for a held span when it is written
+    (what `_apply` sets on the call otherwise, as the attributes the call would write from it)."""
+    info = _openai_wire.read_outcome(result)
+    found: dict[str, Any] = dict(info.attributes or {})
+    if info.response_id:
+        found[names.GEN_AI_RESPONSE_ID] = info.response_id
+    reasons = tuple(str(reason) for reason in info.finish_reasons if reason)
+    if reasons:
+        found[names.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
+    return found
 
 
 def _chat_item(reading: _Reading, item: Any, now: int) -> bool:
@@ -231,8 +252,9 @@ _capturing_responses_item = _capturing(_responses_item, _conversation.OutputMess
 def _read_result(reading: _Reading, result: Any) -> None:
     """A complete (non-streamed) response: an SDK object, or the decoded body of a raw one."""
     record = reading.record
-    if not record.recording and reading.output is None:
-        # Unsampled: only what the metrics need, the model that answered and the token counts.
+    if reading.output is None and (not record.recording or record.later(_outcome, result)):
+        # Unsampled: only what the metrics need, the model that answered and the token counts (and, for a
+        # held span, the rest when the span is written).
         top = _openai_wire.fields(result)
         record.set_response(None, top.get("model"))
         usage = top.get("usage")
