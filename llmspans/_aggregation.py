@@ -31,6 +31,8 @@ import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from itertools import compress, repeat
+from operator import is_not
 from typing import Any, cast
 
 from opentelemetry import trace
@@ -204,7 +206,12 @@ class Aggregation:
         del rows[:taken]  # what was appended since stays (list operations are atomic)
         columns = list(zip(*batch, strict=True))
         orders, times, samples = columns[-3], columns[-2], columns[-1]
-        sampled = samples.count(None) != taken
+        unsampled = samples.count(None)
+        sampled = unsampled != taken
+        # The rows an exemplar may come from, in order (every row, when every call was sampled).
+        with_sample: Sequence[int] = range(taken)
+        if unsampled and sampled:
+            with_sample = list(compress(with_sample, map(is_not, samples, repeat(None))))
         bound = pending.series
         for index, (spec, labels) in enumerate(metrics.members):
             column = columns[index]
@@ -249,14 +256,15 @@ class Aggregation:
             for at, n in tally.items():
                 counts[at] += n
             if sampled:
+                # The latest sampled row in each bucket, found in C (a later row overwrites an earlier
+                # one's entry): its value is the bucket's exemplar. Finer boundaries spread a batch over
+                # more buckets; this keeps the Python work per bucket, not per value.
                 exemplars = series.exemplars
-                for at, value, at_ns, sample, order in zip(
-                    indexes, column, times, samples, orders, strict=True
-                ):
-                    if sample is not None:
-                        current = exemplars[at]
-                        if current is None or current[3] < order:
-                            exemplars[at] = (value, at_ns, sample, order)
+                latest = dict(zip(map(indexes.__getitem__, with_sample), with_sample, strict=True))
+                for at, row in latest.items():
+                    current = exemplars[at]
+                    if current is None or current[3] < orders[row]:
+                        exemplars[at] = (column[row], times[row], samples[row], orders[row])
 
     def _drain_all(self) -> None:
         for metrics, pending in self._bound.items():

@@ -34,6 +34,13 @@ from llmspans import _names as names
 HISTOGRAM = "histogram"
 COUNTER = "counter"
 
+LATENCY_BOUNDARIES: tuple[float, ...] = tuple(float(f"{0.01 * 2 ** (k / 4):.4g}") for k in range(-24, 53))
+"""The boundaries of llmspans' own histograms in seconds (`llmspans.bucket.duration`, `llmspans.stage.duration`,
+`llmspans.cache.saved_estimate`): a quarter of a doubling apart (each bucket 19 % wider than the one below),
+0.16 ms to 81.92 s, 77 in all. The conventions' duration boundaries (0.01 s doubling to 81.92 s), which the
+`gen_ai.*` histograms keep, are every fourth of them, so a series on either merges with the other exactly on
+the conventions' grid. Why this resolution, and what it costs: docs/sampling.md."""
+
 
 @dataclass(frozen=True)
 class InstrumentSpec:
@@ -67,11 +74,11 @@ TIME_PER_OUTPUT_CHUNK = InstrumentSpec(
 )  # fmt: skip
 BUCKET_DURATION = InstrumentSpec(
     4, names.METRIC_BUCKET_DURATION, "s", "Time an LLM call spent in each bucket.", HISTOGRAM,
-    names.DURATION_BOUNDARIES,
+    LATENCY_BOUNDARIES,
 )  # fmt: skip
 STAGE_DURATION = InstrumentSpec(
     5, names.METRIC_STAGE_DURATION, "s", "Duration of each stage, LLM call and turn.", HISTOGRAM,
-    names.DURATION_BOUNDARIES,
+    LATENCY_BOUNDARIES,
 )  # fmt: skip
 BUDGET_EXCEEDED = InstrumentSpec(
     6, names.METRIC_BUDGET_EXCEEDED, "{span}", "Spans that overran their budget.", COUNTER, integer=True
@@ -100,7 +107,7 @@ CACHE_LOOKUPS = InstrumentSpec(
 CACHE_SAVED_ESTIMATE = InstrumentSpec(
     12, names.METRIC_CACHE_SAVED_ESTIMATE, "s",
     "On a cache hit, the LLM call time it saved, estimated as the p50 of this process's recent calls.",
-    HISTOGRAM, names.DURATION_BOUNDARIES,
+    HISTOGRAM, LATENCY_BOUNDARIES,
 )  # fmt: skip
 HEDGE_FIRED = InstrumentSpec(
     13, names.METRIC_HEDGE_FIRED, "{call}", "Hedged calls whose backup copy was sent.", COUNTER, integer=True

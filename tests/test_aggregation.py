@@ -8,6 +8,7 @@ attributes, boundaries, bucket counts, counts, sums, min, max and exemplars.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -375,3 +376,21 @@ def test_a_provider_our_aggregation_cannot_stand_in_for_keeps_the_sdk_instrument
     plain = MeterProvider(metric_readers=[InMemoryMetricReader()])
     assert _telemetry._recorder_of(plain) is _telemetry._recorder_of(plain)  # attached once, gauges once
     plain.shutdown()
+
+
+def test_llmspans_own_histograms_are_a_quarter_doubling_apart_and_keep_the_conventions_boundaries() -> None:
+    """Fine enough to tell 5 ms from 8 ms (issue 37); the conventions' duration boundaries are among them,
+    so a series on either merges with the other on the conventions' grid; `gen_ai.*` keep the conventions'."""
+    bounds = _metrics.LATENCY_BOUNDARIES
+    assert list(bounds) == sorted(set(bounds))
+    assert len(bounds) == 77
+    assert set(names.DURATION_BOUNDARIES) <= set(bounds)
+    assert bounds[0] < 0.0002
+    assert bounds[-1] == 81.92
+    assert all(1.18 < upper / lower < 1.2 for lower, upper in itertools.pairwise(bounds))
+    assert bisect.bisect_left(bounds, 0.005) != bisect.bisect_left(bounds, 0.008)
+    for spec in _metrics.INSTRUMENTS:
+        if spec.name.startswith("gen_ai.") and spec.unit == "s":
+            assert spec.boundaries == names.DURATION_BOUNDARIES, spec.name
+        elif spec.name.startswith("llmspans.") and spec.unit == "s":
+            assert spec.boundaries == bounds, spec.name

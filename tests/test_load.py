@@ -29,7 +29,7 @@ from llmspans import _names as names
 from llmspans import _telemetry
 from llmspans.load._cli import build_result
 from llmspans.load._html import render as render_html
-from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, Level, Result
+from llmspans.load._model import SHAPE_CONCURRENCY, SHAPE_RATE, Level, LevelStats, Result
 from llmspans.load._requests import RequestRecord
 from llmspans.load._runner import Runner, RunOutcome
 from llmspans.load._text import render as render_text
@@ -37,7 +37,7 @@ from llmspans.load._workers import WorkerExport, deal_closed, deal_open
 from llmspans.load._workload import Plan, Workload, parse_levels
 from llmspans.report._analysis import analyse
 from llmspans.report._model import FINDING_QUEUE
-from llmspans.report._spans import spans_of_readable
+from llmspans.report._spans import Span, spans_of_readable
 from llmspans.report._triage import FINDING_MEMORY_BOUND, FINDING_SERVER_QUEUE
 from llmspans.tools.simulator import Behavior, SimulatedServer
 from llmspans.vllm import ServerMetrics
@@ -527,3 +527,129 @@ async def test_worker_processes_give_the_figures_and_spans_one_process_gives(
     for pid in split.workers:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# --- levels whose spans are a sample (issue 37) -----------------------------------------------------------
+
+
+def _sampled_level_spans(values: Sequence[float]) -> list[Span]:
+    """One call span per value, first_token and stream both drawn from `values` (equal distributions)."""
+    spans = []
+    for index, value in enumerate(values):
+        attributes = {
+            names.STAGE: names.STAGE_LLM, names.LOAD_LEVEL: "concurrency=4", names.LOAD_RUN_ID: "run",
+            "llmspans.bucket.first_token": value, "llmspans.bucket.stream": values[-1 - index],
+        }  # fmt: skip
+        buckets = tuple(round(attributes.get(f"llmspans.bucket.{b}", 0.0) * 1e9) for b in names.BUCKETS)  # type: ignore[arg-type]
+        trace_id = f"{index + 1:032x}"
+        spans.append(Span(trace_id, f"{index + 1:016x}", None, "chat m", 3, 0, 10**8, attributes, (), False,
+                          "s", "s", names.STAGE_LLM, 10**8, buckets))  # fmt: skip
+    return spans
+
+
+def test_a_level_whose_spans_are_a_sample_cannot_tell_two_equal_parts_apart() -> None:
+    """Ten spans of forty calls (a head sampler's quarter): first_token and stream alike, so the level's
+    report says it cannot tell them apart; the same ten as every call made name the larger, as before."""
+    values = [0.004 + 0.0001 * ((7 * i) % 10) for i in range(10)]
+    spans = _sampled_level_spans(values)
+    sample = analyse(spans, top=0, population=40)
+    (row,) = sample.levels
+    assert row.dominant == "cannot tell (first_token or stream)"
+    assert sample.triage is not None
+    assert not sample.triage.told
+    assert (
+        sample.notes[0]
+        == "sampled: 10 of 40 requests have spans; quantiles are estimates with 95 % intervals"
+    )
+    assert all(bucket.values.intervals for bucket in sample.buckets)
+    whole = analyse(spans, top=0, population=10)
+    assert whole.triage is not None
+    assert whole.triage.told
+    assert whole.levels[0].dominant in ("first_token", "stream")
+
+
+async def test_a_head_sampled_load_run_gives_each_level_as_an_estimate(tmp_path: Path) -> None:
+    """`llmspans load` under a head sampler (OTEL_TRACES_SAMPLER=traceidratio, here the provider's own): the
+    level's calls are all counted, its spans are a sample of them, and the level's figures say so: a part
+    is named only where it stands apart beyond the intervals."""
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider(sampler=TraceIdRatioBased(0.25))
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider()
+    plan = Plan(shape=SHAPE_CONCURRENCY, levels=parse_levels("1,2", SHAPE_CONCURRENCY), requests_per_level=40,
+                max_seconds=60)  # fmt: skip
+    workload = Workload(model="sim-model", max_tokens=4, prompt_tokens=16)
+    try:
+        with (
+            _telemetry.use_providers(tracer_provider, meter_provider),
+            SimulatedServer(Behavior(chunks=2, header_delay=0.004, chunk_gap=0.004, usage="auto"), record=False)
+            as server,
+        ):  # fmt: skip
+            runner = Runner(
+                workload, plan, base_url=server.base_url, tracer_provider=tracer_provider, max_retries=0
+            )
+            outcome = await runner.run()
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    for stats in outcome.levels:
+        assert stats.completed == 40
+        assert 0 < stats.unrecorded < 40
+        report = stats.report
+        assert report is not None
+        assert report.notes[0].startswith(f"sampled: {40 - stats.unrecorded} of 40 requests have spans")
+        assert all(row.values.intervals for row in report.buckets)
+        triage = report.triage
+        assert triage is not None
+        leader, runner_up = triage.compared
+        assert triage.told == (leader.low > runner_up.high)
+        assert stats.dominant == (
+            f"{leader.label}" if triage.told else f"cannot tell ({leader.label} or {runner_up.label})"
+        )
+
+
+def _level_of(value: int, first_tokens: Sequence[float], made: int) -> LevelStats:
+    """A level's figures from one call per value (first_token as given, stream 1 ms), `made` calls made."""
+    from llmspans.load._model import Level
+    from llmspans.load._stats import level_stats
+
+    level = Level(SHAPE_CONCURRENCY, value)
+    spans, records = [], []
+    for index, first_token in enumerate(first_tokens):
+        attributes = {
+            names.STAGE: names.STAGE_LLM, names.LOAD_LEVEL: level.label, names.LOAD_RUN_ID: "run",
+            "llmspans.bucket.first_token": first_token, "llmspans.bucket.stream": 0.001,
+        }  # fmt: skip
+        buckets = tuple(
+            round(float(attributes.get(f"llmspans.bucket.{b}", 0.0)) * 1e9) for b in names.BUCKETS
+        )  # type: ignore[arg-type]
+        trace_id = f"{value:08x}{index + 1:024x}"
+        spans.append(Span(trace_id, f"{index + 1:016x}", None, "chat m", 3, 0, 10**8, attributes, (), False,
+                          "s", "s", names.STAGE_LLM, 10**8, buckets))  # fmt: skip
+        record = RequestRecord(index, level.label, issued_ns=1, done_ns=2)
+        record.recorded, record.duration_ns = True, 10**8
+        record.buckets_ns = dict(zip(names.BUCKETS, buckets, strict=True))
+        records.append(record)
+    report = analyse(spans, top=0, population=made)
+    return level_stats(level, records, duration_s=1.0, slo={}, report=report)
+
+
+def test_the_knees_verdict_cannot_tell_what_grew_when_the_levels_spans_are_samples() -> None:
+    """first_token's p95 went from 4.3 to 4.6 ms between two levels because one call of ten spans was slower,
+    each level known from ten spans of forty calls: within what ten spans can tell, so the verdict says so;
+    from every call's spans it names first_token."""
+    from llmspans.load._model import Knee
+    from llmspans.load._verdict import verdict
+
+    before = [0.0035, 0.0036, 0.0037, 0.0038, 0.0039, 0.0040, 0.0040, 0.0041, 0.0042, 0.0043]
+    at = [*before[:-1], 0.0046]
+    for made, told in ((40, False), (10, True)):
+        levels = [_level_of(1, before, made), _level_of(2, at, made)]
+        found = verdict(levels, Knee(levels[0].level, levels[1].level, ("ttft",)))
+        assert found is not None
+        assert found.grew == "first_token"
+        assert (found.finding == "cannot_tell") == (not told), found.message
+        if not told:
+            assert "within what the spans of these levels can tell apart" in found.message

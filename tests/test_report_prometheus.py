@@ -123,10 +123,15 @@ def test_prometheus_names_the_dominant_part_the_spans_name(
 
     assert from_spans["llm_calls"] == TURNS
     dominant = (from_spans["triage"]["dominant_kind"], from_spans["triage"]["dominant"])
-    assert (from_metrics["triage"]["dominant_kind"], from_metrics["triage"]["dominant"]) == dominant, (
-        from_metrics["triage"]["message"],
-        from_spans["triage"]["message"],
-    )
+    if from_metrics["triage"]["told"]:
+        assert (from_metrics["triage"]["dominant_kind"], from_metrics["triage"]["dominant"]) == dominant, (
+            from_metrics["triage"]["message"],
+            from_spans["triage"]["message"],
+        )
+    else:  # the histograms' buckets could not tell the two largest apart: the spans' two largest are close
+        first, second = sorted((part["per_trace"]["p95"] for part in from_spans["parts"]), reverse=True)[:2]
+        assert first <= 1.5 * second, (from_metrics["triage"]["message"], from_spans["triage"]["message"])
+        assert dominant in {(e["kind"], e["name"]) for e in from_metrics["triage"]["compared"]}
     # The run's whole rise, which increase() stretches towards the window's edges by at most `stretch`.
     most = math.ceil(TURNS * stretch)
     assert TURNS <= from_metrics["llm_calls"] <= most, stretch
@@ -157,16 +162,22 @@ def test_prometheus_names_the_dominant_part_the_spans_name(
         html = page.read_text()
         assert html.count('class="stage-dist"') == len(from_metrics["stages"])
         assert 'class="max' not in html  # no max to draw
-        # Two windows of one Prometheus, and a file against a window: figures, but no interval.
+        # Two windows of one Prometheus, and a file against a window: each quantile lies in its bucket (a file's
+        # figure is its own), so each change has the interval both sides allow (issue 37).
         for baseline in (f"{window_arg}@1s", str(apps[scenario].spans)):
             compared = _report(capsys, "--prometheus", server.url, "--service", scenario, "--since", window_arg,
                                "--baseline", baseline)["comparison"]  # fmt: skip
             stream = next(c for c in compared["changes"] if c["name"] == "stream" and c["quantile"] == "p95")
-            assert stream["verdict"] == NO_INTERVAL
+            assert stream["verdict"] != NO_INTERVAL
+            assert stream["low_s"] <= stream["change_s"] <= stream["high_s"]
             assert stream["after_s"] > 0
             # The same run in a window 5 s longer: the part the metrics named for it (stream on a quiet
-            # machine; first_token once a loaded machine delays the app's requests).
-            assert compared["dominant_after"] == part_label(*dominant)
+            # machine; first_token once a loaded machine delays the app's requests), or 'cannot tell' where
+            # the histograms' buckets could not tell it from the runner-up.
+            told = from_metrics["triage"]["told"]
+            assert compared["dominant_after"] == part_label(*dominant) or (
+                not told and compared["dominant_after"].startswith("cannot tell (")
+            )
     if scenario == "stalled-scheduler":
         # The gauge's in-flight counts the idle holders too: Prometheus sees a full limiter, so it cannot
         # tell a stall from a cap too low; the span report, counting only LLM calls in flight, can.

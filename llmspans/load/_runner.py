@@ -397,7 +397,10 @@ class Runner:
         issued = [record.issued_ns for record in records if record.issued_ns]
         done = [record.done_ns for record in records if record.done_ns]
         duration_s = (max(done) - min(issued)) / 1e9 if issued and done else 0.0
-        report = analyse(spans, top=0, sources=[f"llmspans load, {level.words}"])
+        # A head sampler may have kept only some of the calls' spans: the level's figures from them are then
+        # estimates of every call made, each with its interval (docs/sampling.md).
+        made = sum(1 for record in records if record.issued_ns and not record.cancelled)
+        report = analyse(spans, top=0, sources=[f"llmspans load, {level.words}"], population=made)
         server = sampler.level_figures(started) if sampler is not None else None
         stats = level_stats(
             level, records, duration_s=duration_s, slo=self.plan.slo, server=server, report=report,

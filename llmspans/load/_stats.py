@@ -90,7 +90,7 @@ def level_stats(
         lag=lag,
         behind_schedule=lag is not None and lag.p99 > BEHIND_SCHEDULE_S,
         server=server,
-        dominant=part_label(triage.dominant_kind, triage.dominant) if triage is not None else None,
+        dominant=_dominant(report),
         triage=triage.message if triage is not None else None,
         workers=workers,
         generator_cpu_s=generator_cpu_s,
@@ -104,6 +104,18 @@ def level_stats(
         lost_generators=tuple(lost_generators),
         report=report,
     )
+
+
+def _dominant(report: Report | None) -> str | None:
+    """The level's dominant part, or `cannot tell (a or b)` when its spans were a sample too small to
+    tell the two largest apart."""
+    triage = report.triage if report is not None else None
+    if triage is None:
+        return None
+    if not triage.told:
+        first, second = triage.compared
+        return f"cannot tell ({first.label} or {second.label})"
+    return part_label(triage.dominant_kind, triage.dominant)
 
 
 def meets(record: RequestRecord, slo: Mapping[str, float]) -> bool:

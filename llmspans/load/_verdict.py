@@ -15,8 +15,23 @@ from collections.abc import Sequence
 from llmspans import _names as names
 from llmspans.load._model import Knee, LevelStats, Verdict
 from llmspans.load._schedule import past_knee
-from llmspans.report._model import KIND_BUCKET, Distribution, Part, ServerPressure, format_seconds
-from llmspans.report._triage import FINDING_SERVER_QUEUE, Cause, Figures, cause_of, variability_of
+from llmspans.report._estimates import apart
+from llmspans.report._model import (
+    FINDING_CANNOT_TELL,
+    KIND_BUCKET,
+    Distribution,
+    Part,
+    ServerPressure,
+    format_seconds,
+)
+from llmspans.report._triage import (
+    CANNOT_TELL_UNIFORM,
+    FINDING_SERVER_QUEUE,
+    Cause,
+    Figures,
+    cause_of,
+    variability_of,
+)
 
 SCHEDULE_LAG = "schedule_lag"
 # A part whose p95 moved less than this share (and less than 1 ms) is "unchanged" in the verdict.
@@ -43,6 +58,13 @@ def verdict(levels: Sequence[LevelStats], knee: Knee) -> Verdict | None:
         return None
     value_before, value_after = _p95(before, grew), _p95(at, grew)
     head = f"from {knee.before.words} to {knee.at.words}, p95 {grew} went {format_seconds(value_before)} → {format_seconds(value_after)}"
+    if grew != SCHEDULE_LAG and not _grew_beyond_its_interval(before, at, grew):
+        return Verdict(
+            grew, value_before, value_after, FINDING_CANNOT_TELL,
+            f"{head}, within what the spans of these levels can tell apart (a sample of their calls: "
+            f"{before.unrecorded + at.unrecorded} successful calls had no span): {CANNOT_TELL_UNIFORM}",
+            (),
+        )  # fmt: skip
     server = _server_change(before, at)
     unchanged = [
         bucket
@@ -73,6 +95,23 @@ def verdict(levels: Sequence[LevelStats], knee: Knee) -> Verdict | None:
                 "--max-num-seqs if its KV cache has room, or add a replica)"
             )
     return Verdict(grew, value_before, value_after, cause.finding, f"{head}{server}{steady}: {said}", notes)
+
+
+def _grew_beyond_its_interval(before: LevelStats, at: LevelStats, bucket: str) -> bool:
+    """Whether the bucket's p95 at the knee stands above the level under it beyond both their intervals;
+    True when the levels' figures are every call's (no interval)."""
+    rows = []
+    for stats in (before, at):
+        report = stats.report
+        row = (
+            next((row for row in report.buckets if row.bucket == bucket), None)
+            if report is not None
+            else None
+        )
+        if row is None:
+            return True
+        rows.append(row.values)
+    return apart(rows[1], rows[0])
 
 
 def summary(

@@ -16,10 +16,12 @@ import heapq
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmspans import _names as names
+from llmspans.report._estimates import apart, effective_size, weighted_distribution
 from llmspans.report._levers import CacheCollector, HedgeCollector, PromptCapCollector
+from llmspans.report._metric_points import Counted, MetricPoints
 from llmspans.report._model import (
     KIND_BUCKET,
     KIND_LEVEL,
@@ -55,7 +57,13 @@ from llmspans.report._traces import (
     number,
     optimistic_traces,
 )
-from llmspans.report._triage import Figures, triage
+from llmspans.report._triage import (
+    CANNOT_TELL_HISTOGRAMS,
+    CANNOT_TELL_TRACES,
+    CANNOT_TELL_UNIFORM,
+    Figures,
+    triage,
+)
 
 _APP_EXCLUDED = (names.STAGE_LLM, names.STAGE_TURN)
 _BUDGET, _BUDGET_EXCEEDED, _LLM = names.BUDGET, names.BUDGET_EXCEEDED, names.STAGE_LLM
@@ -64,6 +72,15 @@ _KIND_ORDER = {KIND_STAGE: 0, KIND_BUCKET: 1, KIND_OTHER: 2}
 _BUCKET_ORDER = {bucket: index for index, bucket in enumerate(names.BUCKETS)}
 _FIRST_TOKEN, _STREAM = names.BUCKETS.index("first_token"), names.BUCKETS.index("stream")
 Order = tuple[int, ...]  # where something first appeared in the input; smaller is earlier
+QUANTILE_METHOD_SAMPLED = (
+    "stages and buckets: from the metrics' histograms (every call; the nearest rank's bucket, placed inside "
+    "it); per-trace parts: nearest-rank over the sampled traces, weighted; each with a 95 % interval"
+)
+QUANTILE_METHOD_SAMPLED_PARTS = (
+    "stages, buckets and the per-trace parts (one span each in every trace): from the metrics' histograms "
+    "(every call; the nearest rank's bucket, placed inside it); the time outside any stage: nearest-rank "
+    "over the sampled traces, weighted; each with a 95 % interval"
+)
 
 
 def _call_failed(span: Span) -> bool:
@@ -141,11 +158,19 @@ class Analysis:
         top: int = 5,
         service: str | None = None,
         cutoff_ns: int | None = None,
+        population: int | None = None,
     ) -> None:
         self.overrides = dict(budgets or {})
         self.top = max(0, top)
         self.service = service
         self.cutoff_ns = cutoff_ns
+        # How many traces the input is a uniform sample of, when the caller knows (`llmspans load`: the
+        # requests of a level, some of whose spans a head sampler dropped).
+        self.population = population
+        self._effective: float | None = None  # the effective sample size while the report is built
+        self._rooted_in_turns = True  # every trace read has a turn at its root
+        # Every trace read: each part from one span (`Trace.one_span_per_part`).
+        self._one_span_per_part = True
         self.traces = 0  # weighted: the traces the input stands for
         self.spans = 0
         self.read = 0  # the traces read
@@ -192,16 +217,20 @@ class Analysis:
             return
         weight = trace.weight
         self.read += 1
+        if self._rooted_in_turns and trace.marked[0].stage != names.STAGE_TURN:  # the earliest, longest span
+            self._rooted_in_turns = False
         self._weight_sum += weight
         self._weight_squares += weight * weight
         copies = trace.copies() if weight != 1.0 else 1
-        totals = None
+        if not copies:
+            return
+        totals = trace.parts()  # once: every copy has the same
+        self._one_span_per_part = self._one_span_per_part and trace.one_span_per_part
         for _ in range(copies):
-            totals = self._fold(trace)
-        if totals is not None:
-            self._consider_slowest(trace, totals)
+            self._fold(trace, totals)
+        self._consider_slowest(trace, totals)
 
-    def _fold(self, trace: Trace) -> dict[tuple[str, str], int]:
+    def _fold(self, trace: Trace, totals: dict[tuple[str, str], int]) -> None:
         self.traces += 1
         self.spans += len(trace.spans)
         index = trace.index
@@ -213,7 +242,6 @@ class Analysis:
         if self._hedged:
             self._hedges.add(trace, self._hedged)
             self._hedged.clear()
-        totals = trace.parts()
         parts, part_first = self._parts, self._part_first
         for position, (key, value) in enumerate(totals.items()):
             values = parts.get(key)
@@ -224,7 +252,6 @@ class Analysis:
                 part_first[key] = (index, position)
             values.append(value)
         self._server.add(trace)
-        return totals
 
     def _add_span(self, span: Span, index: int, position: int) -> None:
         stage = span.stage
@@ -339,73 +366,121 @@ class Analysis:
 
     # --- the report ---------------------------------------------------------------------------
 
-    def report(self, *, sources: Sequence[str] = (), skipped: Sequence[SkippedLine] = ()) -> Report:
-        stages = self._stage_rows()
-        buckets = self._bucket_rows() if self._calls else ()
+    def report(
+        self,
+        *,
+        sources: Sequence[str] = (),
+        skipped: Sequence[SkippedLine] = (),
+        metrics: Callable[[], MetricPoints | None] | None = None,
+    ) -> Report:
+        """The report. When the traces are a sample (tail sampling's weights, or fewer than `population`),
+        every quantile read from them carries its interval; with `metrics` (the points read with them, asked
+        for only then) the counts and the stage and bucket distributions come from the metrics, which counted
+        every call, and the traces give what only traces carry (docs/sampling.md)."""
+        weighted = self._weight_squares != self._weight_sum  # some weight was not 1
+        uniform = not weighted and self.population is not None and self.population > self.read > 0
+        self._effective = (
+            effective_size(self._weight_sum, self._weight_squares)
+            if weighted
+            else float(self.read)
+            if uniform
+            else None
+        )
+        points = metrics() if weighted and metrics is not None else None
+        counted = Counted.of(points, self.service) if points else None
+        stages = self._stage_rows(counted)
+        buckets = self._bucket_rows(counted) if self._calls or (counted is not None and counted.calls) else ()
         parts = self._part_rows()
+        retries, connections = self._retries(counted), self._connections(counted)
         figures = Figures(
             variability=self._variability(),
-            retries=Retries(
-                calls=self._calls,
-                successful=self._successful,
-                failed=self._calls - self._successful,
-                attempts=self._attempts,
-                attempts_per_success=self._attempts / self._successful if self._successful else None,
-                retried_calls=self._retried,
-                causes=_by_count(self._causes, self._cause_first),
-                wasted_output_tokens=self._wasted,
-                error_types=_by_count(self._errors, self._error_first),
-            ),
-            connections=Connections(
-                self._calls,
-                self._successful,
-                self._new_connections,
-                self._new_connections / self._successful if self._successful else None,
-                self._reused,
-                streamed=_churn(*self._by_kind[True]),
-                not_streamed=_churn(*self._by_kind[False]),
-                closed_before_end=self._closed_before_end,
-            ),
+            retries=retries,
+            connections=connections,
             limiters=self._limiter_rows(),
             server=self._server.result(),
             pressure=self._pressure.result(),
             prompt_caps=self._prompt_caps.result(),
+            cannot_tell=CANNOT_TELL_HISTOGRAMS
+            if counted is not None
+            else CANNOT_TELL_TRACES
+            if weighted
+            else CANNOT_TELL_UNIFORM,
         )
         notes = tuple(
             f"--budgets names stage '{stage}', which no span has"
             for stage in self.overrides
-            if stage not in self._stages
+            if stage not in self._stages and (counted is None or stage not in counted.stages)
         )
-        weighted = self._weight_squares != self._weight_sum  # some weight was not 1
-        if weighted:
+        traces = self.traces
+        if counted is not None and self._rooted_in_turns and names.STAGE_TURN in counted.stages:
+            # Every trace read is a turn: the metrics counted every turn.
+            traces = counted.stages[names.STAGE_TURN].count
+        if counted is not None:
+            # Where each part of a trace is one span's, the histograms give the per-trace parts too.
+            from_traces = "the time outside any stage" if self._one_span_per_part else "the per-trace parts"
+            notes = (
+                f"sampled ({names.SAMPLE_WEIGHT}, tail sampling): counts and the stage and bucket distributions "
+                f"come from the metric points read with the spans, which counted every call; the {self.read} "
+                f"traces read give {from_traces}, the slowest traces and what else only traces carry, "
+                f"as estimates of the whole run with 95 % intervals (effective sample size "
+                f"{self._effective or 0:.0f})",
+                *notes,
+            )
+        elif weighted:
             notes = (
                 f"weighted by {names.SAMPLE_WEIGHT} (tail sampling): the {self.read} traces read stand for "
-                f"{self.traces}; counts and quantiles are estimates of the whole run",
+                f"{self.traces}; counts are estimated, and quantiles are estimates of the whole run with 95 % "
+                f"intervals (effective sample size {self._effective or 0:.0f}); the input holds no metric "
+                "points, which would count every call (configure() writes them beside the spans)",
+                *notes,
+            )
+        elif uniform:
+            notes = (
+                f"sampled: {self.read} of {self.population} requests have spans; quantiles are estimates with "
+                "95 % intervals",
                 *notes,
             )
         levels = self._level_rows()
-        samples = {(KIND_STAGE, row.stage): _seconds(self._stages[row.stage].durations) for row in stages}
+        decide_on = parts
+        if counted is not None and self._one_span_per_part:
+            decide_on = self._decided_on(counted, parts, traces)
+        elif counted is not None:
+            notes = (
+                *notes,
+                "the dominant part is per trace and a trace here holds several calls or nested stages, which the "
+                "metrics count per span: it is decided on the kept traces' estimates",
+            )
+            figures = replace(figures, cannot_tell=CANNOT_TELL_TRACES)
+        samples: dict[tuple[str, str], tuple[float, ...]] = {}
+        if counted is None:
+            samples = {(KIND_STAGE, row.stage): _seconds(self._stages[row.stage].durations) for row in stages}
+            samples.update(
+                {(KIND_BUCKET, bucket): _seconds(self._buckets[bucket]) for bucket in names.BUCKETS}
+            )
         samples.update(
             {
                 (KIND_LEVEL, row.label): _seconds(self._levels[(row.run_id, row.level)].durations)
                 for row in levels
             }
         )
-        samples.update({(KIND_BUCKET, bucket): _seconds(self._buckets[bucket]) for bucket in names.BUCKETS})
-        return Report(
+        report = Report(
             sources=tuple(sources),
             skipped=tuple(skipped),
             spans=self.spans,
-            traces=self.traces,
-            llm_calls=self._calls,
-            quantile_method=QUANTILE_METHOD,
+            traces=traces,
+            llm_calls=retries.calls,
+            quantile_method=QUANTILE_METHOD
+            if counted is None
+            else QUANTILE_METHOD_SAMPLED_PARTS
+            if decide_on is not parts
+            else QUANTILE_METHOD_SAMPLED,
             stages=stages,
             buckets=buckets,
-            parts=parts,
-            triage=triage(parts, stages, figures),
+            parts=decide_on,  # the parts the verdict compares: from the histograms where they can say them
+            triage=triage(decide_on, stages, figures),
             variability=figures.variability,
-            connections=figures.connections,
-            retries=figures.retries,
+            connections=connections,
+            retries=retries,
             limiters=figures.limiters,
             server=figures.server,
             server_pressure=figures.pressure,
@@ -417,6 +492,79 @@ class Analysis:
             hedging=self._hedges.result(),
             samples=(self._thinned(samples) if weighted else samples) if self.traces else {},
             traces_read=self.read if weighted else None,
+        )
+        self._effective = None
+        return report
+
+    def _distribution(self, values_ns: Iterable[int]) -> Distribution:
+        """A distribution of values read from the traces: with intervals when they are a sample."""
+        return self._distribution_of(_seconds(values_ns))
+
+    def _distribution_of(self, ordered: Sequence[float]) -> Distribution:
+        """The same, of seconds already in order."""
+        if self._effective is None:
+            return Distribution.of_sorted(ordered)
+        return weighted_distribution(ordered, self._effective)
+
+    def _decided_on(self, counted: Counted, parts: Sequence[Part], traces: int) -> tuple[Part, ...]:
+        """The parts the verdict compares when the metrics counted every call and each part of a trace is one
+        span's (`Trace.one_span_per_part`, in every trace read): each app stage and each bucket from the
+        histograms, with a 0 for every trace that had none of it (as the per-trace parts count it), and what
+        only traces give (time outside any stage in a turn) from the traces; each with its interval."""
+        found = [
+            Part(KIND_STAGE, stage, counted.part(KIND_STAGE, stage, traces))
+            for stage in counted.stages
+            if stage not in _APP_EXCLUDED
+        ]
+        if counted.buckets:
+            found += [
+                Part(KIND_BUCKET, bucket, counted.part(KIND_BUCKET, bucket, traces))
+                for bucket in names.BUCKETS
+                if (KIND_BUCKET, bucket) in counted.histograms
+            ]
+        order = {(part.kind, part.name): index for index, part in enumerate(parts)}
+        found.sort(key=lambda part: order.get((part.kind, part.name), len(order)))  # as the parts table
+        found += [part for part in parts if part.kind == KIND_OTHER]
+        return tuple(found)
+
+    def _retries(self, counted: Counted | None) -> Retries:
+        calls, successful = self._calls, self._successful
+        attempts, causes = self._attempts, _by_count(self._causes, self._cause_first)
+        errors = _by_count(self._errors, self._error_first)
+        if counted is not None and counted.calls:
+            calls, errors = counted.calls, counted.errors
+            successful = calls - sum(errors.values())
+            causes = counted.causes
+            attempts = calls + sum(causes.values())
+        return Retries(
+            calls=calls,
+            successful=successful,
+            failed=calls - successful,
+            attempts=attempts,
+            attempts_per_success=attempts / successful if successful else None,
+            retried_calls=self._retried,
+            causes=causes,
+            wasted_output_tokens=self._wasted,
+            error_types=errors,
+        )
+
+    def _connections(self, counted: Counted | None) -> Connections:
+        calls, successful, opened = self._calls, self._successful, self._new_connections
+        if counted is not None and counted.calls:
+            # What the metrics do not say (reuse, the kinds of call) is left unsaid, as from Prometheus.
+            calls = counted.calls
+            successful = calls - sum(counted.errors.values())
+            opened = counted.new_connections
+            return Connections(calls, successful, opened, opened / successful if successful else None, None)
+        return Connections(
+            calls,
+            successful,
+            opened,
+            opened / successful if successful else None,
+            self._reused,
+            streamed=_churn(*self._by_kind[True]),
+            not_streamed=_churn(*self._by_kind[False]),
+            closed_before_end=self._closed_before_end,
         )
 
     def _thinned(
@@ -447,39 +595,49 @@ class Analysis:
         ratio = first / stream if first is not None and stream is not None and stream > 0 else None
         return Variability(first, stream, ratio, calls=len(self._streamed_first_token), over=OVER_STREAMED)
 
-    def _stage_rows(self) -> tuple[StageRow, ...]:
+    def _stage_rows(self, counted: Counted | None = None) -> tuple[StageRow, ...]:
         ordered = sorted(self._stages, key=lambda stage: self._stages[stage].first)
+        if counted is not None:  # stages only the metrics saw (no kept trace had one), after the others
+            ordered += sorted(stage for stage in counted.stages if stage not in self._stages)
         order = [stage for stage in ordered if stage not in _APP_EXCLUDED]
-        order += [stage for stage in _APP_EXCLUDED if stage in self._stages]
+        order += [stage for stage in _APP_EXCLUDED if stage in ordered]
         rows = []
         for stage in order:
-            row = self._stages[stage]
+            row = self._stages.get(stage) or _Stage((0, 0, 0))
             durations = _seconds(row.durations)
-            distribution = Distribution.of_sorted(durations)
+            distribution = self._distribution_of(durations)
+            from_metrics = counted is not None and stage in counted.stages
+            if from_metrics:
+                assert counted is not None
+                distribution = counted.stages[stage]
             if stage in self.overrides:
                 budget = self.overrides[stage]
                 exceeded = sum(1 for value in durations if value > budget)
-                rows.append(
-                    StageRow(stage, distribution, budget, False, len(durations), exceeded, row.errors)
-                )
+                budgeted = len(durations)
+                if from_metrics:  # the traces' share over the budget, of every span the metrics counted
+                    exceeded = round(exceeded * distribution.count / budgeted) if budgeted else 0
+                    budgeted = distribution.count
+                rows.append(StageRow(stage, distribution, budget, False, budgeted, exceeded, row.errors))
                 continue
             counts, first = row.budget_counts, row.budget_first
             common = min(counts, key=lambda budget: (-counts[budget], first[budget]), default=None)
+            budgeted, exceeded = sum(counts.values()), row.exceeded
+            if from_metrics:
+                assert counted is not None
+                budgeted = distribution.count if common is not None else 0
+                exceeded = counted.exceeded.get(stage, 0)
             rows.append(
-                StageRow(
-                    stage,
-                    distribution,
-                    common,
-                    len(counts) > 1,
-                    sum(counts.values()),
-                    row.exceeded,
-                    row.errors,
-                )
+                StageRow(stage, distribution, common, len(counts) > 1, budgeted, exceeded, row.errors)
             )
         return tuple(rows)
 
-    def _bucket_rows(self) -> tuple[BucketRow, ...]:
-        values = {bucket: Distribution.of_nanoseconds(self._buckets[bucket]) for bucket in names.BUCKETS}
+    def _bucket_rows(self, counted: Counted | None = None) -> tuple[BucketRow, ...]:
+        values = {bucket: self._distribution(self._buckets[bucket]) for bucket in names.BUCKETS}
+        if counted is not None and counted.buckets:
+            values = {
+                bucket: counted.buckets.get(bucket, Distribution(0, 0.0, 0.0, 0.0, 0.0))
+                for bucket in names.BUCKETS
+            }
         total = sum(row.p95 for row in values.values())
         return tuple(
             BucketRow(bucket, values[bucket], values[bucket].p95 / total if total > 0 else 0.0)
@@ -498,7 +656,7 @@ class Analysis:
         for kind, name in keys:
             values = self._parts.get((kind, name), array("q"))
             zeros = [0] * (self.traces - len(values))  # a trace without this part spent nothing in it
-            parts.append(Part(kind, name, Distribution.of_nanoseconds([*zeros, *values])))
+            parts.append(Part(kind, name, self._distribution([*zeros, *values])))
         return tuple(parts)
 
     def _level_rows(self) -> tuple[LevelRow, ...]:
@@ -513,10 +671,15 @@ class Analysis:
         rows = []
         for run, level in keys:
             row = self._levels[(run, level)]
-            p95 = {
-                bucket: Distribution.of_nanoseconds(values).p95
+            distributions = {
+                bucket: self._distribution(values)
                 for bucket, values in zip(names.BUCKETS, row.buckets, strict=True)
             }
+            p95 = {bucket: distribution.p95 for bucket, distribution in distributions.items()}
+            dominant = max(names.BUCKETS, key=p95.__getitem__)
+            runner_up = max((b for b in names.BUCKETS if b != dominant), key=p95.__getitem__)
+            if self._effective is not None and not apart(distributions[dominant], distributions[runner_up]):
+                dominant = f"cannot tell ({dominant} or {runner_up})"
             rows.append(
                 LevelRow(
                     label=f"{level} (run {run[:8]})" if several else level,
@@ -524,9 +687,9 @@ class Analysis:
                     level=level,
                     calls=len(row.durations),
                     failed=row.failed,
-                    durations=Distribution.of_nanoseconds(row.durations),
+                    durations=self._distribution(row.durations),
                     buckets_p95=p95,
-                    dominant=max(names.BUCKETS, key=p95.__getitem__),
+                    dominant=dominant,
                 )
             )
         return tuple(rows)
@@ -645,11 +808,16 @@ def analyse_batches(
     cutoff_ns: int | None = None,
     sources: Sequence[str] = (),
     skipped: Callable[[], Sequence[SkippedLine]] = tuple,
+    metrics: Callable[[], MetricPoints | None] = lambda: None,
+    population: int | None = None,
 ) -> Report:
-    """The report of the spans `batches()` yields, one pass when the input allows (see `_traces.py`)."""
+    """The report of the spans `batches()` yields, one pass when the input allows (see `_traces.py`);
+    `metrics()`, asked after the pass, gives the metric points read with them (see `Analysis.report`)."""
 
     def run(traces: Iterable[Trace]) -> Analysis:
-        analysis = Analysis(budgets=budgets, top=top, service=service, cutoff_ns=cutoff_ns)
+        analysis = Analysis(
+            budgets=budgets, top=top, service=service, cutoff_ns=cutoff_ns, population=population
+        )
         for trace in traces:
             analysis.add(trace)
         return analysis
@@ -659,7 +827,7 @@ def analyse_batches(
             analysis = run(optimistic_traces(batches()))
         except LateSpan:
             analysis = run(exact_traces(batches))
-        return analysis.report(sources=sources, skipped=skipped())
+        return analysis.report(sources=sources, skipped=skipped(), metrics=metrics)
 
 
 @contextmanager
@@ -683,9 +851,12 @@ def analyse(
     top: int = 5,
     sources: Sequence[str] = (),
     skipped: Sequence[SkippedLine] = (),
+    population: int | None = None,
 ) -> Report:
-    """The report of spans already in memory (the demo's own, a Jaeger page, a test's)."""
+    """The report of spans already in memory (the demo's own, a Jaeger page, a test's, a load level's, with
+    the `population` of requests they are a uniform sample of when some have no span)."""
     spans = list(spans)
     return analyse_batches(
-        lambda: [spans], budgets=budgets, top=top, sources=sources, skipped=lambda: skipped
-    )
+        lambda: [spans], budgets=budgets, top=top, sources=sources, skipped=lambda: skipped,
+        population=population,
+    )  # fmt: skip

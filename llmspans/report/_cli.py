@@ -111,6 +111,8 @@ def _span_report(source: SpanSource, options: _Options, *, select: bool = True) 
     """The span report of one source; `select` keeps only --service's traces started within --since
     (Jaeger's search did that already)."""
     cutoff = None if options.since_s is None or not select else int((time.time() - options.since_s) * 1e9)
+    if isinstance(source, FileSource):
+        source.since_ns = cutoff  # a file's metric points too: only what they counted after it
     report = analyse_batches(
         source.batches,
         budgets=options.budgets,
@@ -119,6 +121,7 @@ def _span_report(source: SpanSource, options: _Options, *, select: bool = True) 
         cutoff_ns=cutoff,
         sources=source.sources,
         skipped=lambda: tuple(source.skipped),
+        metrics=lambda: source.metrics,
     )
     _warn_skipped(report.skipped)
     return report

@@ -7,8 +7,10 @@ interval. The k-th smallest of n values drawn with replacement from sorted value
 where U is the k-th smallest of n uniforms, which is Beta(k, n-k+1): so a round costs one Beta draw
 per side, not a resample and a sort. A change whose interval excludes 0 is real (`slower`/`faster`)
 unless it is too small to matter (under both 1 ms and 5 %: `negligible`); one whose interval straddles 0
-is `noise`. A side from Prometheus has no samples (its quantiles are
-interpolated from histogram buckets), so its changes carry no interval and no verdict beyond the figures.
+is `noise`. A side whose quantiles come from histograms (Prometheus, or a sampled file's metric points) has
+no samples but knows the bucket each quantile lies in (`Distribution.intervals`): where both sides know
+theirs, the change lies between the after-interval's low less the before-interval's high and the other way
+round, and the same rules give the verdict (`BUCKET_INTERVAL`); otherwise the change carries no interval.
 The random generator is seeded: the same two inputs give the same intervals.
 """
 
@@ -35,6 +37,7 @@ MATERIAL_S = (
 )
 MATERIAL_SHARE = 0.05
 NO_INTERVAL = "no interval (histogram quantiles)"
+BUCKET_INTERVAL = "from the histogram buckets each quantile lies in"
 
 
 @dataclass(frozen=True)
@@ -99,13 +102,31 @@ def _rows(report: Report, kind: str) -> dict[str, Distribution]:
     return {row.bucket: row.values for row in report.buckets}
 
 
+def _within(distribution: Distribution, q: float) -> tuple[float, float] | None:
+    """Where a side's q-quantile lies: its interval; the figure itself when it is one of every value (a span
+    report of whole traces); None when it is an estimate whose interval is not known."""
+    found = distribution.interval(f"p{round(q * 100)}")
+    if found is not None:
+        return found.low, found.high
+    if not distribution.intervals and not distribution.bounds and distribution.max is not None:
+        return distribution.at(q), distribution.at(q)
+    return None
+
+
 def _change(kind: str, name: str, q: float, before: Report, after: Report) -> Change:
     first, second = _rows(before, kind)[name].at(q), _rows(after, kind)[name].at(q)
     label = f"p{round(q * 100)}"
     samples_before, samples_after = before.samples.get((kind, name)), after.samples.get((kind, name))
-    if not samples_before or not samples_after:
-        return Change(kind, name, label, first, second, second - first, None, None, NO_INTERVAL)
-    low, high = interval(samples_before, samples_after, q)
+    if samples_before and samples_after:
+        low, high = interval(samples_before, samples_after, q)
+    else:
+        within_before, within_after = (
+            _within(_rows(before, kind)[name], q),
+            _within(_rows(after, kind)[name], q),
+        )
+        if within_before is None or within_after is None:
+            return Change(kind, name, label, first, second, second - first, None, None, NO_INTERVAL)
+        low, high = within_after[0] - within_before[1], within_after[1] - within_before[0]
     if first == second and low == high == 0:
         verdict = UNCHANGED
     elif low <= 0 <= high:
@@ -126,14 +147,23 @@ def compare(before: Report, after: Report, *, before_name: str, after_name: str)
             if name in earlier:
                 changes.extend(_change(kind, name, q, before, after) for q in COMPARED_QUANTILES)
     sampled = bool(before.samples) and bool(after.samples)
+    bucketed = any(change.low_s is not None for change in changes)
     method = (
         f"bootstrap {CONFIDENCE:.0%} interval of the change ({REPLICATES} rounds, nearest-rank quantiles); "
         "real when the interval excludes 0, negligible when it is also under both 1 ms and 5 %"
         if sampled
-        else "no confidence interval: at least one side is Prometheus' histogram quantiles"
+        else f"interval of the change {BUCKET_INTERVAL} on each side; real when it excludes 0, negligible "
+        "when the change is also under both 1 ms and 5 %"
+        if bucketed
+        else "no confidence interval: at least one side is histogram quantiles with no bucket known"
     )
 
     def dominant(report: Report) -> str | None:
-        return part_label(report.triage.dominant_kind, report.triage.dominant) if report.triage else None
+        if report.triage is None:
+            return None
+        if not report.triage.told:
+            first, second = report.triage.compared
+            return f"cannot tell ({first.label} or {second.label})"
+        return part_label(report.triage.dominant_kind, report.triage.dominant)
 
     return Comparison(before_name, after_name, method, dominant(before), dominant(after), tuple(changes))

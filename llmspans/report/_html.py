@@ -368,6 +368,36 @@ def _server_histograms(report: Report) -> str:
     return "".join(out)
 
 
+def _intervals(report: Report) -> str:
+    """Where each estimated p95 lies (sampled traces, or histogram buckets): the stages, buckets and parts
+    whose p95 is an estimate, with the interval of each; nothing when every figure is of every value."""
+    rows = [
+        (what, name, d)
+        for what, name, d in (
+            *(("stage", row.stage, row.durations) for row in report.stages),
+            *(("llm bucket", row.bucket, row.values) for row in report.buckets),
+            *(("per trace", part.label, part.per_trace) for part in report.parts),
+        )
+        if d.interval("p95") is not None
+    ]
+    if not rows:
+        return ""
+    cells = []
+    for what, name, d in rows:
+        interval = d.interval("p95")
+        assert interval is not None
+        cells.append(
+            f'<tr class="interval" data-name="{escape(name)}" data-low="{interval.low:.6f}" '
+            f'data-high="{interval.high:.6f}"><td>{escape(name)}</td><td>{escape(what)}</td>'
+            f"<td>{format_quantile(d, 'p95')}</td><td>{seconds(interval.low)} to {seconds(interval.high)}</td></tr>"
+        )
+    return (
+        '<p class="meta">These figures are estimates: each p95 lies within its interval (95 % for the sampled '
+        "traces' figures; the bucket that holds the rank for a histogram's).</p>"
+        "<table><tr><th>part</th><th>from</th><th>p95</th><th>within</th></tr>" + "".join(cells) + "</table>"
+    )
+
+
 def render(report: Report, comparison: Comparison | None = None) -> str:
     """The whole page as a string (UTF-8 when written)."""
     title = "llmspans report"
@@ -387,11 +417,27 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
     if triage is not None:
         label = part_label(triage.dominant_kind, triage.dominant)
         notes = "".join(f"<li>{escape(note)}</li>" for note in triage.notes)
+        if triage.told:
+            leader = triage.compared[0] if triage.compared else None
+            within = (
+                f" ({seconds(leader.low)} to {seconds(leader.high)})"
+                if leader is not None and leader.low != leader.high
+                else ""
+            )
+            heading = (
+                f'Dominant at p95: <span class="dominant" data-part="{escape(triage.dominant_kind)}:'
+                f'{escape(triage.dominant)}" data-finding="{escape(triage.finding)}">{escape(label)}</span>, '
+                f"{seconds(triage.dominant_p95)} per request{within}"
+            )
+        else:
+            first, second = triage.compared
+            heading = (
+                f'Dominant at p95: <span class="dominant" data-part="" data-finding="{escape(triage.finding)}">'
+                f"cannot tell</span> ({escape(first.label)} or {escape(second.label)})"
+            )
         body.append(
             f'<section class="triage{" within" if triage.within_budget else ""}" id="triage">'
-            f'<h2>Dominant at p95: <span class="dominant" data-part="{escape(triage.dominant_kind)}:'
-            f'{escape(triage.dominant)}" data-finding="{escape(triage.finding)}">{escape(label)}</span>, '
-            f"{seconds(triage.dominant_p95)} per request</h2><p>{escape(triage.message)}</p>"
+            f"<h2>{heading}</h2><p>{escape(triage.message)}</p>"
             + (f"<ul>{notes}</ul>" if notes else "")
             + "</section>"
         )
@@ -402,6 +448,7 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             "each bar stacks the parts' own quantiles.</p>"
         )
         body.append(_stacked(report, colours))
+        body.append(_intervals(report))
         body.append("</section>")
     if report.stages:
         body.append('<section id="stages"><h2>Each stage against its budget</h2>')

@@ -61,6 +61,20 @@ class Bound:
 
 
 @dataclass(frozen=True)
+class Interval:
+    """Where an estimated quantile lies: between `low` and `high`, as far as the evidence says. From a
+    histogram, the bucket that holds the quantile's rank (narrowed by the recorded min and max); from
+    sampled traces, the values at the ranks the effective sample size allows (`_estimates.py`)."""
+
+    quantile: str  # "p50", "p95" or "p99"
+    low: float
+    high: float
+    # A histogram bucket's lower boundary is not in it (a value on a boundary counts in the bucket below):
+    # the quantile is then above `low`, not at it.
+    open_low: bool = False
+
+
+@dataclass(frozen=True)
 class Distribution:
     count: int
     p50: float
@@ -68,6 +82,7 @@ class Distribution:
     p99: float
     max: float | None  # None where the source cannot know it (Prometheus histograms)
     bounds: tuple[Bound, ...] = ()  # from histograms: the quantiles that are only bounds (see `Bound`)
+    intervals: tuple[Interval, ...] = ()  # estimated quantiles: where each lies (see `Interval`)
 
     @classmethod
     def of(cls, values: Iterable[float]) -> Distribution:
@@ -90,6 +105,13 @@ class Distribution:
 
     def at(self, q: float) -> float:
         return {0.5: self.p50, 0.95: self.p95, 0.99: self.p99}[q]
+
+    def interval(self, quantile: str) -> Interval | None:
+        """Where an estimated quantile (`"p95"`) lies; None when it is a figure of every value."""
+        for interval in self.intervals:
+            if interval.quantile == quantile:
+                return interval
+        return None
 
     def bound(self, quantile: str) -> Bound | None:
         """The bucket a quantile (`"p95"`) is only bounded by, None when it is a figure."""
@@ -146,7 +168,31 @@ def part_label(kind: str, name: str) -> str:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """A part's p95 as the triage compared it, and the interval it lies in (`low == high` for a figure of
+    every value)."""
+
+    kind: str
+    name: str
+    p95: float
+    low: float
+    high: float
+
+    @property
+    def label(self) -> str:
+        return part_label(self.kind, self.name)
+
+
+FINDING_CANNOT_TELL = "cannot_tell"
+
+
+@dataclass(frozen=True)
 class Triage:
+    """The dominant part and what to do about it. `told` is False when the largest part at p95 does not
+    stand apart from the runner-up beyond their intervals (estimates from sampled traces or histogram
+    buckets): the finding is then `cannot_tell`, the message says so and what would tell, and `dominant`
+    is only the larger estimate; `compared` holds the two estimates whenever either had an interval."""
+
     dominant_kind: str
     dominant: str
     dominant_p95: float
@@ -154,6 +200,8 @@ class Triage:
     within_budget: bool | None
     message: str
     notes: tuple[str, ...]
+    told: bool = True
+    compared: tuple[Estimate, ...] = ()
 
 
 OVER_STREAMED = "streamed calls"
@@ -515,6 +563,10 @@ def _drop_empty_bounds(data: Any) -> None:
     if isinstance(data, dict):
         if "bounds" in data and not data["bounds"] and "p95" in data:
             del data["bounds"]
+        if "intervals" in data and not data["intervals"] and "p95" in data:
+            del data["intervals"]
+        if "compared" in data and not data["compared"] and "told" in data:
+            del data["compared"]
         for value in data.values():
             _drop_empty_bounds(value)
     elif isinstance(data, (list, tuple)):

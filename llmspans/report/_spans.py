@@ -133,7 +133,7 @@ class _Skipped(msgspec.Struct, gc=False):
 
 class _Document(msgspec.Struct, gc=False):
     resourceSpans: list[_ResourceSpans] | None = None
-    resourceMetrics: list[_Skipped] | None = None
+    resourceMetrics: list[_Skipped] | None = None  # read only when asked for (`_metric_points.read_metrics`)
     resourceLogs: list[_Skipped] | None = None
     result: _Document | None = None  # Jaeger's query response wraps the export request
 
@@ -297,10 +297,17 @@ def _spans(document: _Document) -> list[Span] | None:
 def spans_of_json(text: bytes | str) -> list[Span] | None:
     """The spans of one OTLP-JSON document; None for a metrics or logs document.
 
-    Accepts an export request (`{"resourceSpans": [...]}`), a metrics export (ignored) and Jaeger's
-    query response (`{"result": {"resourceSpans": [...]}}`). `msgspec.DecodeError` when the text is not
-    JSON; `NotOtlp` when it is JSON of another shape.
+    Accepts an export request (`{"resourceSpans": [...]}`), a metrics export (its points are `decode`'s)
+    and Jaeger's query response (`{"result": {"resourceSpans": [...]}}`). `msgspec.DecodeError` when the
+    text is not JSON; `NotOtlp` when it is JSON of another shape.
     """
+    return decode(text)[0]
+
+
+def decode(text: bytes | str) -> tuple[list[Span] | None, bool]:
+    """The spans of one OTLP-JSON document (None when it has none), and whether it holds metric points
+    (skipped here: `_metric_points.read_metrics` reads them when the report needs them), with
+    `spans_of_json`'s errors."""
     try:
         document = _DECODER.decode(text)
     except msgspec.ValidationError as error:
@@ -315,7 +322,7 @@ def spans_of_json(text: bytes | str) -> list[Span] | None:
         and document.resourceLogs is None
     ):
         raise NotOtlp(_shape_problem(text, None))
-    return spans
+    return spans, bool(inner.resourceMetrics)
 
 
 def spans_of_document(document: Any) -> list[Span] | None:

@@ -26,8 +26,10 @@ def _wrap(text: str, indent: str = "  ") -> list[str]:
     return [line.replace(_KEEP, " ") for line in lines]
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], first_width: int = 30) -> list[str]:
-    widths = [first_width] + [9] * (len(headers) - 1)
+def _table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], first_width: int = 30, last_width: int = 9
+) -> list[str]:
+    widths = [first_width] + [9] * (len(headers) - 2) + [last_width]
     lines = []
     for cells in [headers, *rows]:
         first = cells[0] if len(cells[0]) <= first_width else cells[0][: first_width - 1] + "…"
@@ -49,6 +51,31 @@ def _quantiles(distribution: Distribution) -> list[str]:
         format_quantile(distribution, "p99", short=True),
         "n/a" if distribution.max is None else seconds(distribution.max),
     ]
+
+
+def _within(distribution: Distribution, quantile: str = "p95") -> str:
+    """The interval an estimated quantile lies in: `48–57 ms`, `43 ms–0.34 s`; `-` for a figure."""
+    interval = distribution.interval(quantile)
+    if interval is None:
+        return "-"
+    low, high = seconds(interval.low), seconds(interval.high)
+    if (low.endswith(" ms") and high.endswith(" ms")) or (low.endswith(" s") and high.endswith(" s")):
+        low = low.rsplit(" ", 1)[0]
+    return f"{low}–{high}"
+
+
+_WITHIN = "p95 within"
+_WITHIN_WIDTH = 16
+
+
+def _estimated(distributions: Iterable[Distribution]) -> bool:
+    return any(distribution.intervals for distribution in distributions)
+
+
+def _within_line(rows: Iterable[tuple[str, Distribution]]) -> list[str]:
+    """Under a table of estimates: where each p95 lies (its 95 % interval, or its histogram bucket)."""
+    said = [f"{name} {_within(distribution)}" for name, distribution in rows if distribution.intervals]
+    return _wrap(f"p95 lies within: {'; '.join(said)}", "  ") if said else []
 
 
 def _bounds_note(distributions: Iterable[Distribution | None]) -> list[str]:
@@ -122,7 +149,14 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
     if triage is not None:
         out.append("")
         label = part_label(triage.dominant_kind, triage.dominant)
-        out.append(f"Dominant at p95: {label}, {seconds(triage.dominant_p95)} per request")
+        if not triage.told:
+            leader, other = triage.compared
+            out.append(f"Dominant at p95: cannot tell ({leader.label} or {other.label})")
+        else:
+            within = ""
+            if triage.compared and triage.compared[0].low != triage.compared[0].high:
+                within = f" ({seconds(triage.compared[0].low)} to {seconds(triage.compared[0].high)})"
+            out.append(f"Dominant at p95: {label}, {seconds(triage.dominant_p95)} per request{within}")
         out += _wrap(triage.message)
         for note in triage.notes:
             out += _wrap(f"also: {note}")
@@ -135,6 +169,7 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
         exceeded = "-" if row.budget is None else f"{row.exceeded}/{row.budgeted}"
         rows.append([row.stage, *_quantiles(row.durations), budget, exceeded])
     out += _table(["stage", *_QUANTILE_HEADERS, "budget", "exceeded"], rows)
+    out += _within_line((row.stage, row.durations) for row in report.stages)
     out += _bounds_note(row.durations for row in report.stages)
     if any(row.budget_varies for row in report.stages):
         out.append(
@@ -148,13 +183,15 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
             ["bucket", *_QUANTILE_HEADERS, "of p95"],
             ([row.bucket, *_quantiles(row.values), f"{row.share_p95:.0%}"] for row in report.buckets),
         )
+        out += _within_line((row.bucket, row.values) for row in report.buckets)
         out += _bounds_note(row.values for row in report.buckets)
 
     if report.parts:
         out.append("")
         out.append("Where a request's time goes (per trace: stages' own time, buckets summed)")
+        estimated = _estimated(part.per_trace for part in report.parts)
         out += _table(
-            ["part", "p50", "p95", "p99"],
+            ["part", "p50", "p95", "p99"] + ([_WITHIN] if estimated else []),
             (
                 [
                     part.label,
@@ -162,8 +199,10 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
                     format_quantile(part.per_trace, "p95", short=True),
                     format_quantile(part.per_trace, "p99", short=True),
                 ]
+                + ([_within(part.per_trace)] if estimated else [])
                 for part in report.parts
             ),
+            last_width=_WITHIN_WIDTH if estimated else 9,
         )
 
     if report.levels:

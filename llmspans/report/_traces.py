@@ -61,6 +61,9 @@ class Trace:
         self.spans = ordered
         self.by_id = {span.span_id: span for span in spans}
         self.marked = [span for span in ordered if span.stage is not None]
+        # Set by `parts()`: each part of this trace came from one span (one LLM call, each app stage once,
+        # none nested in another stage), so its per-trace figure is that span's own, as the metrics saw it.
+        self.one_span_per_part = True
 
     @property
     def weight(self) -> float:
@@ -107,12 +110,16 @@ class Trace:
         totals: dict[tuple[str, str], int] = {}
         nested: dict[str, int] = {}
         ancestors = [self.marked_ancestor(span) for span in self.marked]
+        single = True
         for span, parent in zip(self.marked, ancestors, strict=True):
             if parent is not None:
                 nested[parent.span_id] = nested.get(parent.span_id, 0) + span.duration_ns
+                single = single and parent.stage == _TURN
+        calls = 0
         for span, parent in zip(self.marked, ancestors, strict=True):
             stage = span.stage
             if stage == _LLM:
+                calls += 1
                 for key, value in zip(_BUCKET_KEYS, span.buckets_ns, strict=True):
                     totals[key] = totals.get(key, 0) + value
             elif stage == _TURN:
@@ -122,7 +129,9 @@ class Trace:
                     )
             else:
                 key = (KIND_STAGE, stage)  # type: ignore[assignment]
+                single = single and key not in totals
                 totals[key] = totals.get(key, 0) + max(0, span.duration_ns - nested.get(span.span_id, 0))
+        self.one_span_per_part = single and calls <= 1
         return totals
 
     @property

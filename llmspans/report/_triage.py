@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from llmspans.report._estimates import apart, interval_of
 from llmspans.report._model import (
+    FINDING_CANNOT_TELL,
     FINDING_QUEUE,
     FINDING_STALLED,
     KIND_BUCKET,
@@ -19,6 +21,7 @@ from llmspans.report._model import (
     UNMARKED,
     BucketRow,
     Connections,
+    Estimate,
     LimiterRow,
     Part,
     PromptCaps,
@@ -55,6 +58,16 @@ PREFIX_HITS_FALL = 0.2
 OVER_CAP_SLOWER = 1.5
 # New connections per successful call above which churn is worth a note.
 CHURN = 0.5
+# What would tell the two largest parts apart when their intervals overlap, by where the figures came from.
+CANNOT_TELL_HISTOGRAMS = (
+    "their p95s lie within each other's histogram buckets: at this resolution neither stands apart from "
+    "the other, so neither alone is the bottleneck"
+)
+CANNOT_TELL_TRACES = (
+    "the metrics would tell (configure() writes the metric points beside the spans, and the report then "
+    "reads every call's figures from them), or a higher tail-sampling ratio"
+)
+CANNOT_TELL_UNIFORM = "spans of more of the calls would tell (a higher sampling ratio, or more requests)"
 
 
 def variability_of(buckets: Sequence[BucketRow]) -> Variability:
@@ -215,6 +228,8 @@ class Figures:
     pressure: ServerPressure | None = None
     histograms: tuple[ServerHistograms, ...] = ()
     prompt_caps: PromptCaps | None = None
+    # What would tell two parts apart when their intervals overlap (the source's own words).
+    cannot_tell: str = CANNOT_TELL_HISTOGRAMS
 
 
 def _server_side(server: ServerSplit) -> str:
@@ -392,13 +407,45 @@ def _churn_note(connections: Connections, churn: float) -> str:
     )
 
 
+def estimate(part: Part) -> Estimate:
+    """A part's p95 and the interval it lies in (the figure itself when it is one of every value)."""
+    low, high = interval_of(part.per_trace)
+    return Estimate(part.kind, part.name, part.per_trace.p95, low, high)
+
+
+def _interval_text(found: Estimate) -> str:
+    if found.low == found.high:
+        return format_seconds(found.p95)
+    return f"{format_seconds(found.p95)} ({format_seconds(found.low)} to {format_seconds(found.high)})"
+
+
 def triage(parts: Sequence[Part], stages: Sequence[StageRow], figures: Figures) -> Triage | None:
+    """The part with the largest p95 and its rule. Where the figures are estimates (an interval on either of
+    the two largest), the part is named only when its interval lies wholly above the runner-up's; otherwise
+    the triage says it cannot tell them apart, and what would."""
     if not parts:
         return None
-    dominant = max(parts, key=lambda part: part.per_trace.p95)  # first of equals: stages, then buckets
+    ordered = sorted(parts, key=lambda part: -part.per_trace.p95)  # stable: first of equals, stages first
+    dominant = ordered[0]
     finding, seen, advice = _rule(dominant, figures)
     within = within_budget(stages)
-    if within:
+    compared: tuple[Estimate, ...] = ()
+    told = True
+    if len(ordered) > 1:
+        runner_up = ordered[1]
+        if dominant.per_trace.intervals or runner_up.per_trace.intervals:
+            compared = (estimate(dominant), estimate(runner_up))
+            told = apart(dominant.per_trace, runner_up.per_trace)
+    if not told:
+        leader, other = compared
+        finding = FINDING_CANNOT_TELL
+        message = (
+            f"cannot tell {leader.label} from {other.label} at p95 at this sample: {_interval_text(leader)} "
+            f"against {_interval_text(other)}; {figures.cannot_tell}"
+        )
+        if within:
+            message = f"within budget: every budgeted stage's p95 is under its budget; {message}"
+    elif within:
         message = (
             f"within budget: every budgeted stage's p95 is under its budget. The largest part at p95 is "
             f"{dominant.label}; to make it faster: {advice}"
@@ -413,4 +460,6 @@ def triage(parts: Sequence[Part], stages: Sequence[StageRow], figures: Figures) 
         within_budget=within,
         message=message,
         notes=tuple(_notes(dominant, parts, figures)),
+        told=told,
+        compared=compared,
     )

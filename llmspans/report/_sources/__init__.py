@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
+from llmspans.report._metric_points import MetricPoints
 from llmspans.report._model import SkippedLine
 from llmspans.report._spans import Span
 
@@ -23,6 +24,10 @@ class SpanSource(Protocol):
     sources: list[str]
     skipped: list[SkippedLine]
 
+    @property
+    def metrics(self) -> MetricPoints | None:
+        """The metric points read with the spans (a file's); None where the source has none."""
+
     def batches(self) -> Iterator[list[Span]]: ...
 
 
@@ -33,6 +38,7 @@ class MemorySource:
         self.spans = list(spans)
         self.sources = [source]
         self.skipped: list[SkippedLine] = []
+        self.metrics: MetricPoints | None = None
 
     def batches(self) -> Iterator[list[Span]]:
         yield self.spans

@@ -16,23 +16,48 @@ from typing import BinaryIO
 
 import msgspec
 
+from llmspans.report._metric_points import MetricPoints, read_metrics
 from llmspans.report._model import SkippedLine
 from llmspans.report._progress import Progress
 from llmspans.report._sources import short
-from llmspans.report._spans import NotOtlp, ReportInputError, Span, spans_of_json
+from llmspans.report._spans import NotOtlp, ReportInputError, Span, decode, spans_of_json
 
 _BUFFER = 1 << 20  # the embedded default's lines are exports of up to 512 spans: a few hundred KB each
 _BLOCK = 4 << 20
 
 
 class FileSource:
-    """Spans of one or more files, read afresh on every call of `batches()`."""
+    """Spans of one or more files, read afresh on every call of `batches()`; the lines that hold metric
+    points are noted as they go by, and read only when `metrics` is asked for (a sampled input)."""
 
-    def __init__(self, paths: Sequence[Path], *, progress: bool = True) -> None:
+    def __init__(self, paths: Sequence[Path], *, progress: bool = True, since_ns: int | None = None) -> None:
         self.paths = list(paths)
         self.sources = [str(path) for path in self.paths]
         self.progress = progress
         self.skipped: list[SkippedLine] = []
+        self.since_ns = since_ns  # the metrics count only what came after it (--since)
+        self._metric_lines: list[tuple[Path, int, int]] = []  # file, offset, length
+        self._metrics: MetricPoints | None = None
+
+    @property
+    def metrics(self) -> MetricPoints:
+        """The metric points of the lines the last pass noted, read once."""
+        if self._metrics is None:
+            self._metrics = read_metrics(self._read_metric_lines(), self.since_ns)
+        return self._metrics
+
+    def _read_metric_lines(self) -> Iterator[bytes]:
+        opened: dict[Path, BinaryIO] = {}
+        try:
+            for path, offset, length in self._metric_lines:
+                file = opened.get(path)
+                if file is None:
+                    file = opened[path] = _opened(path)
+                file.seek(offset)
+                yield file.read(length)
+        finally:
+            for file in opened.values():
+                file.close()
 
     def check(self) -> None:
         """The one-line error a missing or unreadable file gives, before any reading starts."""
@@ -42,12 +67,14 @@ class FileSource:
 
     def batches(self) -> Iterator[list[Span]]:
         self.skipped = []
+        self._metric_lines = []
+        self._metrics = None
         total = sum(_size(path) for path in self.paths)
         bar = Progress(total, "llmspans report: reading") if self.progress else None
         done = 0
         try:
             for path in self.paths:
-                for batch, read in _batches(path, self.skipped):
+                for batch, read in _batches(path, self.skipped, self._metric_lines):
                     if bar is not None:
                         bar.update(done + read)
                     yield batch
@@ -76,8 +103,11 @@ def _opened(path: Path) -> BinaryIO:
         raise ReportInputError(f"{source}: cannot be read ({error.strerror or short(error)})") from None
 
 
-def _batches(path: Path, skipped: list[SkippedLine]) -> Iterator[tuple[list[Span], int]]:
-    """(spans of one line, bytes read so far) for each good line of one file."""
+def _batches(
+    path: Path, skipped: list[SkippedLine], metric_lines: list[tuple[Path, int, int]]
+) -> Iterator[tuple[list[Span], int]]:
+    """(spans of one line, bytes read so far) for each good line of one file; where the lines that hold
+    metric points are, to `metric_lines`."""
     source = str(path)
     bad: list[SkippedLine] = []
     good = blank = 0
@@ -90,7 +120,7 @@ def _batches(path: Path, skipped: list[SkippedLine]) -> Iterator[tuple[list[Span
                 blank += 1
                 continue
             try:
-                spans = spans_of_json(line)
+                spans, has_metrics = decode(line)
             except msgspec.DecodeError as error:
                 if not good and not bad:
                     whole = _whole_document(line, file, read)
@@ -103,6 +133,8 @@ def _batches(path: Path, skipped: list[SkippedLine]) -> Iterator[tuple[list[Span
                 bad.append(SkippedLine(source, number, f"not OTLP JSON ({error})"))
                 continue
             good += 1
+            if has_metrics:
+                metric_lines.append((path, read - len(line) - 1, len(line)))
             if spans:
                 yield spans, read
     if not good:

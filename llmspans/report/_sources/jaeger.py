@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 import httpx
 import msgspec
 
+from llmspans.report._metric_points import MetricPoints
 from llmspans.report._model import SkippedLine
 from llmspans.report._sources import short
 from llmspans.report._spans import NotOtlp, ReportInputError, Span, spans_of_json
@@ -55,6 +56,7 @@ class JaegerPage:
         self.body = body
         self.sources = [f"Jaeger {base} (service {service!r})"]
         self.skipped: list[SkippedLine] = []
+        self.metrics: MetricPoints | None = None  # Jaeger keeps traces only
 
     def batches(self) -> Iterator[list[Span]]:
         if self.body is None:  # 404: nothing matched

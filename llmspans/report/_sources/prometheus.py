@@ -30,6 +30,7 @@ from llmspans.report._model import (
     Connections,
     Distribution,
     Exemplar,
+    Interval,
     LimiterRow,
     Part,
     PromptCaps,
@@ -79,7 +80,8 @@ LABEL_SERVER_ADDRESS = _translated(names.SERVER_ADDRESS)
 LABEL_SERVER_PORT = _translated(names.SERVER_PORT)
 QUANTILE_METHOD = (
     "histogram_quantile over Prometheus histograms: linear interpolation inside the bucket that holds the "
-    "rank (buckets 0.01, 0.02, 0.04 ... 81.92 s), per span and per call rather than per trace"
+    "rank (llmspans' own a quarter of a doubling apart, vLLM's and the conventions' coarser), each quantile "
+    "within its bucket; per span and per call rather than per trace"
 )
 _APP_EXCLUDED = (names.STAGE_LLM, names.STAGE_TURN)
 _GAUGE_POINTS = 600  # samples of the limiter gauges over the window
@@ -217,6 +219,7 @@ def _bounded(count: int, values: Mapping[float, float], edges: list[float]) -> D
     not of the data, so the quantile is reported as the bucket's upper edge and named a bound."""
     figures: dict[str, float] = {}
     bounds: list[Bound] = []
+    intervals: list[Interval] = []
     for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
         value = figures[name] = values.get(q, 0.0)
         upper_index = bisect.bisect_left(edges, value)
@@ -224,10 +227,13 @@ def _bounded(count: int, values: Mapping[float, float], edges: list[float]) -> D
             continue  # above the highest finite edge: Prometheus gives that edge; nothing better is known
         upper = edges[upper_index]
         lower = edges[upper_index - 1] if upper_index > 0 else 0.0
+        intervals.append(Interval(name, lower, upper, upper_index > 0))  # the bucket that holds the rank
         if upper > 0 and upper - lower > value:
             bounds.append(Bound(name, lower, upper))
             figures[name] = upper
-    return Distribution(count, figures["p50"], figures["p95"], figures["p99"], None, tuple(bounds))
+    return Distribution(
+        count, figures["p50"], figures["p95"], figures["p99"], None, tuple(bounds), tuple(intervals)
+    )
 
 
 def _by_label(api: _Api, query: str, label: str, at_s: float) -> dict[str, float]:

@@ -26,6 +26,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 import msgspec
 
+from llmspans.report._metric_points import MetricPoints
 from llmspans.report._model import SkippedLine
 from llmspans.report._sources import short
 from llmspans.report._spans import NotOtlp, ReportInputError, Span, spans_of_json
@@ -120,6 +121,9 @@ class TempoTraces:
     notes: list[str] = field(default_factory=list)
     traces: list[list[Span]] = field(default_factory=list)
     counts: _Counts = field(default_factory=_Counts)
+    metrics: MetricPoints | None = (
+        None  # Tempo keeps traces only (with --prometheus, the metrics are asked there)
+    )
 
     def batches(self) -> Iterator[list[Span]]:
         yield from self.traces
