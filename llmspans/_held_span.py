@@ -575,6 +575,12 @@ class HeldSpan(trace.Span):
                 made.append(event)
         return _bounded(made, limits.max_events)
 
+    @property
+    def _limits(self) -> Any:
+        """The tracer's `SpanLimits` under the SDK span's own name, so the one reach that reads a span's limits
+        (`_internals.span_attribute_length_limit`: captured content fitted within them) reads a held span too."""
+        return _internals.span_limits(self._plan.tracer)
+
     def _max_length(self) -> int | None:
         length: int | None = _internals.span_limits(self._plan.tracer).max_span_attribute_length
         return length

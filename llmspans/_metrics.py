@@ -17,7 +17,6 @@ dictionary building.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -292,17 +291,26 @@ def _limiter_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observati
     return observe
 
 
+_vllm_readings: Callable[[], Iterable[tuple[Any, Mapping[str, AttributeValue]]]] | None = None
+
+
+def read_vllm_samplers_with(
+    readings: Callable[[], Iterable[tuple[Any, Mapping[str, AttributeValue]]]],
+) -> None:
+    """`llmspans.vllm`, when imported, hands over how to read its samplers' latest good samples: the gauges
+    read them without this lower layer importing it (no sampler can run before something imported it)."""
+    global _vllm_readings
+    _vllm_readings = readings
+
+
 def _vllm_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
     """A gauge callback reading one field of every running vLLM sampler's latest good sample."""
 
     def observe(_options: CallbackOptions) -> Iterable[Observation]:
-        # The metric reader's thread runs this: look the module up, never import it (no sampler
-        # can be running before something imported it).
-        vllm = sys.modules.get("llmspans.vllm")
-        if vllm is None:
+        readings = _vllm_readings  # the metric reader's thread runs this
+        if readings is None:
             return []
-        readings = vllm.fresh_readings()
-        return [Observation(value, attributes) for sample, attributes in readings
+        return [Observation(value, attributes) for sample, attributes in readings()
                 if (value := getattr(sample, field)) is not None]  # fmt: skip
 
     return observe

@@ -89,7 +89,7 @@ import httpx
 from opentelemetry import context
 from opentelemetry.util.types import AttributeValue
 
-from llmspans import _internals
+from llmspans import _internals, _metrics
 from llmspans import _names as names
 from llmspans._redact import url_for_log
 
@@ -559,7 +559,7 @@ def _stop_all() -> None:
         sampler.stop(keep_exporting=True)
 
 
-def fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]]:
+def _fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]]:
     """The latest sample of every running sampler whose latest attempt succeeded, with its gauge
     attributes; what llmspans' observable gauges report (see `llmspans._metrics`)."""
     with _live_lock:
@@ -570,6 +570,9 @@ def fresh_readings() -> list[tuple[ServerSnapshot, Mapping[str, AttributeValue]]
         if snapshot is not None and sampler.healthy and not sampler.abandoned and sampler.exported:
             readings.append((snapshot, sampler.gauge_attributes))
     return readings
+
+
+_metrics.read_vllm_samplers_with(_fresh_readings)
 
 
 _FAMILY_SUFFIXES = ("_total", "_created", "_sum", "_count", "_bucket")

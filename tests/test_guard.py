@@ -28,6 +28,7 @@ import llmspans
 from llmspans import _call, _deferred, _guard, _prompt, _transport
 from llmspans import _sites as sites
 from llmspans._adapters import openai_sdk
+from llmspans._held_span import HeldSpan
 from llmspans.testing import Captured, settle
 from llmspans.tools.simulator import Behavior, SimulatedServer
 
@@ -283,6 +284,14 @@ def patched(target: Any, attribute: str, value: Any) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def span_end_raising() -> Iterator[None]:
+    """Either span llmspans makes raises at its end: an SDK span, or one held and built at its end (a
+    processor at the span's end is where a real failure would come from)."""
+    with patched(SdkSpan, "end", raising), patched(HeldSpan, "end", raising):
+        yield
+
+
 # site -> (the scenario that reaches it, how the fault is made: None = injected by name)
 SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.CACHE_HIT: (cache_lookup_call, None),
@@ -292,7 +301,7 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.CALL_FINISH: (openai_call, None),
     sites.CALL_RELEASE: (limited_call, None),
     sites.CALL_SERVER_STATE: (server_state, None),
-    sites.CALL_SPAN_END: (openai_call, lambda: patched(SdkSpan, "end", raising)),
+    sites.CALL_SPAN_END: (openai_call, span_end_raising),
     sites.CLASS_INSTRUMENT: (class_level_call, None),
     sites.CONTENT_CHUNK: (lambda url: openai_stream(url, capture_content=True), None),
     sites.DEFERRED_WORK: (deferred_job, lambda: patched(Work, "run", raising)),
@@ -318,7 +327,7 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
         lambda: patched(_tiktoken_model(), "encoding_name_for_model", raising),
     ),
     sites.STAGE_FINISH: (stage_and_turn, None),
-    sites.STAGE_SPAN_END: (stage_and_turn, lambda: patched(SdkSpan, "end", raising)),
+    sites.STAGE_SPAN_END: (stage_and_turn, span_end_raising),
     sites.STREAM_CHUNK: (openai_stream, lambda: patched(openai_sdk, "_chat_item", raising)),
     sites.STREAM_END: (openai_stream, lambda: patched(openai_sdk, "_finish", raising)),
     sites.TAIL_SAMPLING_DECIDE: (tail_sampled_turn, None),
@@ -339,7 +348,7 @@ SITES: dict[str, tuple[Callable[..., Any], Callable[[], Any] | None]] = {
     sites.TRANSPORT_WATCHER: (openai_call, None),
     sites.TRANSPORT_WRAP_BODY: (openai_call, None),
     sites.TURN_FINISH: (stage_and_turn, None),
-    sites.TURN_SPAN_END: (stage_and_turn, lambda: patched(SdkSpan, "end", raising)),
+    sites.TURN_SPAN_END: (stage_and_turn, span_end_raising),
 }
 
 
