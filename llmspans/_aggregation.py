@@ -53,6 +53,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from llmspans import _internals
 from llmspans import _names as names
+from llmspans._held_span import HeldSpan
 from llmspans._metrics import COUNTER, HISTOGRAM, INSTRUMENTS, CallMetrics, InstrumentSpec, Labels, Sample
 
 logger = logging.getLogger("llmspans")
@@ -120,6 +121,9 @@ class Aggregation:
         """Exemplars from a sampled span (`trace_based`, the default), any valid span, or none."""
         if self.exemplar_filter == "always_off":
             return None
+        if type(span) is HeldSpan:  # sampled by how it was made: only its ids' validity to look at
+            held = span.context
+            return Sample(span, held.span_id, held.trace_id, time_ns) if held.is_valid else None
         span_context = span.get_span_context()
         if not span_context.is_valid or (
             self.exemplar_filter == "trace_based" and not span_context.trace_flags.sampled
