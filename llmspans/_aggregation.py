@@ -31,6 +31,7 @@ import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from operator import itemgetter
 from typing import Any, cast
 
 from opentelemetry import trace
@@ -62,6 +63,7 @@ CARDINALITY_LIMIT = 2000
 """Attribute sets per instrument, as the SDK's default; later ones count in one overflow set."""
 _OVERFLOW = Labels({names.METRIC_OVERFLOW: True})
 _BOUND_KEPT = 1024  # kinds of call whose series are kept resolved at once
+_ORDER = itemgetter(0)
 _BATCH = 128  # a kind of call's values aggregated together; its memory is bounded by this
 
 
@@ -253,14 +255,21 @@ class Aggregation:
             for at, n in tally.items():
                 counts[at] += n
             if sampled:
+                # Each bucket's sampled value of the highest order in the batch (rows in order: later ones
+                # override), then kept where it is later than the bucket's exemplar: a dict made in C
+                # rather than a comparison per row.
+                latest = {
+                    at: (value, at_ns, sample, order)
+                    for order, at, value, at_ns, sample in sorted(
+                        zip(orders, indexes, column, times, samples, strict=True), key=_ORDER
+                    )
+                    if sample is not None
+                }
                 exemplars = series.exemplars
-                for at, value, at_ns, sample, order in zip(
-                    indexes, column, times, samples, orders, strict=True
-                ):
-                    if sample is not None:
-                        current = exemplars[at]
-                        if current is None or current[3] < order:
-                            exemplars[at] = (value, at_ns, sample, order)
+                for at, found in latest.items():
+                    current = exemplars[at]
+                    if current is None or current[3] < found[3]:
+                        exemplars[at] = found
 
     def _drain_all(self) -> None:
         for metrics, pending in self._bound.items():
