@@ -124,8 +124,10 @@ class Aggregation:
         if self.exemplar_filter == "always_off":
             return None
         if type(span) is HeldSpan:  # sampled by how it was made: only its ids' validity to look at
+            # (`SpanContext` is a tuple: trace_id, span_id, is_remote, flags, state, is_valid; read without
+            # its properties' calls, as `_internals.span_context` makes it)
             held = span.context
-            return Sample(span, held.span_id, held.trace_id, time_ns) if held.is_valid else None
+            return Sample(span, held[1], held[0], time_ns) if held[5] else None
         span_context = span.get_span_context()
         if not span_context.is_valid or (
             self.exemplar_filter == "trace_based" and not span_context.trace_flags.sampled

@@ -53,7 +53,15 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_STACKTRACE,
     EXCEPTION_TYPE,
 )
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.util.types import AttributeValue
 
 from llmspans import _internals
@@ -110,8 +118,9 @@ class Holder(SpanProcessor):
     def defers(self) -> bool:
         return False
 
-    def hold(self, span: HeldSpan) -> None:
-        """`span` ended; build it (`HeldSpan.build`) only if its trace is kept."""
+    def hold(self, span: HeldSpan, parent: SpanContext | None, duration_ns: int) -> None:
+        """`span` ended (`parent`, `duration_ns`: its own, handed over as it knows them); build it
+        (`HeldSpan.build`) only if its trace is kept."""
         raise NotImplementedError
 
 
@@ -226,7 +235,7 @@ def start_span(
     if plan is None:
         return _sdk_span(tracer, name, context, kind, attributes, start_time)
     parent: SpanContext | None = trace.get_current_span(context).get_span_context()
-    if parent is not None and not parent.is_valid:
+    if parent is INVALID_SPAN_CONTEXT or (parent is not None and not parent.is_valid):  # (a root: no call)
         parent = None
     ids = plan.ids
     if parent is not None:
@@ -491,12 +500,12 @@ class HeldSpan(trace.Span):
         if self._end_time is not None:
             logger.warning("Calling end() on an ended span.")
             return
-        self._end_time = end_time if end_time is not None else time_ns()
+        self._end_time = end = end_time if end_time is not None else time_ns()
         plan = self._plan
         if plan.mode == HEAD:
             plan.processor.on_end(self.build())
         else:
-            plan.processor.hold(self)
+            plan.processor.hold(self, self._parent, end - self._start_time)
 
     # --- waiting, building ---------------------------------------------------------------------------------
 

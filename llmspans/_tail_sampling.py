@@ -390,13 +390,12 @@ class TailSamplingProcessor(Holder):
     def on_end(self, span: ReadableSpan) -> None:
         self._ended(span)
 
-    def hold(self, span: HeldSpan) -> None:
+    def hold(self, span: HeldSpan, parent: SpanContext | None, duration_ns: int) -> None:
         """A held span ended (`_held_span`): held as it is, built only if its trace is kept.
 
         A local root while nothing is held and its trace is not yet decided (a lone call or stage, the
         commonest end by far) is decided here on the spot, as `_ended` and `_decide_alone` would decide it,
         with none of their general bookkeeping; anything else goes to `_ended`."""
-        parent = span.parent
         if (parent is not None and not parent.is_remote) or _guard.faults or self._shutdown:
             self._ended(span)
             return
@@ -410,12 +409,17 @@ class TailSamplingProcessor(Holder):
                 else:
                     alone = True
                     keep = span.keeps_trace()
-                    duration = (span.end_time or 0) - span.start_time
                     if self._durations is not None:
-                        keep = self._durations.slower(span.name, duration) or keep  # every root joins
-                    elif self._slower_ns is not None and duration > self._slower_ns:
+                        keep = self._durations.slower(span.name, duration_ns) or keep  # every root joins
+                    elif self._slower_ns is not None and duration_ns > self._slower_ns:
                         keep = True
-                    weight = self._weight(keep, context)
+                    if keep:  # `_weight`, inlined
+                        weight = 1.0
+                    elif not self._by_chance:
+                        weight = 0.0
+                    else:
+                        chance = trace_id & _RANDOMNESS_MASK if not context[4] else randomness(context)
+                        weight = self._chance_weight if chance >= self._threshold else 0.0
                     decided[trace_id] = weight
                     if len(decided) > RECENT_DECISIONS:
                         decided.popitem(last=False)
