@@ -55,6 +55,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from llmspans import _internals
 from llmspans import _names as names
+from llmspans._held_span import HeldSpan
 from llmspans._metrics import COUNTER, HISTOGRAM, INSTRUMENTS, CallMetrics, InstrumentSpec, Labels, Sample
 
 logger = logging.getLogger("llmspans")
@@ -122,6 +123,11 @@ class Aggregation:
         """Exemplars from a sampled span (`trace_based`, the default), any valid span, or none."""
         if self.exemplar_filter == "always_off":
             return None
+        if type(span) is HeldSpan:  # sampled by how it was made: only its ids' validity to look at
+            # (`SpanContext` is a tuple: trace_id, span_id, is_remote, flags, state, is_valid; read without
+            # its properties' calls, as `_internals.span_context` makes it)
+            held = span.context
+            return Sample(span, held[1], held[0], time_ns) if held[5] else None
         span_context = span.get_span_context()
         if not span_context.is_valid or (
             self.exemplar_filter == "trace_based" and not span_context.trace_flags.sampled

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Union
@@ -47,7 +46,19 @@ def resolve(explicit: CaptureSetting) -> CaptureSetting:
         return explicit
     if _configured is not None:
         return _configured
-    return _from_environment(os.environ.get(names.ENV_CAPTURE_CONTENT, ""))
+    # Read at every call (a change to the environment counts from the next call), as cheaply as it is
+    # stored: what a stored value says is worked out once.
+    raw = _read_environment()
+    found = _from_raw.get(raw)
+    if found is None:
+        found = _from_environment("" if raw is None else _decode_environment(raw))
+        if len(_from_raw) < 64:
+            _from_raw[raw] = found
+    return found
+
+
+_read_environment, _decode_environment = _internals.environment_reader(names.ENV_CAPTURE_CONTENT)
+_from_raw: dict[Any, bool] = {}
 
 
 _ON = frozenset({"1", "true", "yes", "on", "span_only", "span_and_event"})

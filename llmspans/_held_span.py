@@ -30,6 +30,7 @@ the SDK's own span metrics switched on, an SDK of other internals) gets the SDK'
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,6 +44,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.semconv.attributes.exception_attributes import (
@@ -51,7 +53,15 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_STACKTRACE,
     EXCEPTION_TYPE,
 )
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.util.types import AttributeValue
 
 from llmspans import _internals
@@ -108,15 +118,27 @@ class Holder(SpanProcessor):
     def defers(self) -> bool:
         return False
 
-    def hold(self, span: HeldSpan) -> None:
-        """`span` ended; build it (`HeldSpan.build`) only if its trace is kept."""
+    def hold(self, span: HeldSpan, parent: SpanContext | None, duration_ns: int) -> None:
+        """`span` ended (`parent`, `duration_ns`: its own, handed over as it knows them); build it
+        (`HeldSpan.build`) only if its trace is kept."""
         raise NotImplementedError
 
 
 class Plan:
     """How spans of one tracer are made, for the processors its provider has now."""
 
-    __slots__ = ("ids", "members", "mode", "multi", "processor", "random", "sample", "static", "tracer")
+    __slots__ = (
+        "ids",
+        "members",
+        "mode",
+        "multi",
+        "processor",
+        "random",
+        "random_ids",
+        "sample",
+        "static",
+        "tracer",
+    )
 
     def __init__(
         self, tracer: SdkTracer, multi: Any, members: tuple[SpanProcessor, ...], mode: str, processor: Any
@@ -127,6 +149,8 @@ class Plan:
         self.mode = mode
         self.processor = processor  # HEAD: the provider's processor; TAIL: the tail-sampling processor
         self.ids = ids = tracer.id_generator
+        # The SDK's default generator's ids are `random.getrandbits` (0 drawn again): drawn inline.
+        self.random_ids = type(ids) is RandomIdGenerator
         self.random = bool(ids.is_trace_id_random())
         sampler = tracer.sampler
         # The decision of an always-on or -off sampler; else a function of the parent (`_fast_sampler`).
@@ -211,10 +235,15 @@ def start_span(
     if plan is None:
         return _sdk_span(tracer, name, context, kind, attributes, start_time)
     parent: SpanContext | None = trace.get_current_span(context).get_span_context()
-    if parent is not None and not parent.is_valid:
+    if parent is INVALID_SPAN_CONTEXT or (parent is not None and not parent.is_valid):  # (a root: no call)
         parent = None
     ids = plan.ids
-    trace_id = ids.generate_trace_id() if parent is None else parent.trace_id
+    if parent is not None:
+        trace_id = parent.trace_id
+    elif plan.random_ids:  # `RandomIdGenerator.generate_trace_id`, without its call
+        trace_id = random.getrandbits(128) or ids.generate_trace_id()
+    else:
+        trace_id = ids.generate_trace_id()
     decision = plan.static
     if decision is not None or plan.sample is not None:
         if decision is None:
@@ -225,12 +254,15 @@ def start_span(
     else:
         result = tracer.sampler.should_sample(context, trace_id, name, kind, attributes, ())
         decision, state, attributes = result.decision, result.trace_state, result.attributes
-    random = plan.random if parent is None else parent.trace_flags.random_trace_id
+    random_trace_id = plan.random if parent is None else parent.trace_flags.random_trace_id
     if decision is _RECORD_AND_SAMPLE:
-        flags = _SAMPLED_RANDOM if random else _SAMPLED
+        flags = _SAMPLED_RANDOM if random_trace_id else _SAMPLED
     else:
-        flags = _NOT_SAMPLED_RANDOM if random else _NOT_SAMPLED
-    span_context = _internals.span_context(trace_id, ids.generate_span_id(), flags, state)
+        flags = _NOT_SAMPLED_RANDOM if random_trace_id else _NOT_SAMPLED
+    span_id = (
+        (random.getrandbits(64) or ids.generate_span_id()) if plan.random_ids else ids.generate_span_id()
+    )
+    span_context = _internals.span_context(trace_id, span_id, flags, state)
     if decision is _DROP:
         return trace.NonRecordingSpan(span_context)
     if decision is not _RECORD_AND_SAMPLE:  # recorded but not sampled (RECORD_ONLY): the SDK's own span
@@ -468,12 +500,12 @@ class HeldSpan(trace.Span):
         if self._end_time is not None:
             logger.warning("Calling end() on an ended span.")
             return
-        self._end_time = end_time if end_time is not None else time_ns()
+        self._end_time = end = end_time if end_time is not None else time_ns()
         plan = self._plan
         if plan.mode == HEAD:
             plan.processor.on_end(self.build())
         else:
-            plan.processor.hold(self)
+            plan.processor.hold(self, self._parent, end - self._start_time)
 
     # --- waiting, building ---------------------------------------------------------------------------------
 
@@ -489,7 +521,7 @@ class HeldSpan(trace.Span):
 
     def keeps_trace(self) -> bool:
         """Whether this span by itself keeps its trace whole: failed, over budget, retried or hedged."""
-        if self._status.status_code is StatusCode.ERROR:
+        if self._status is not _UNSET and self._status.status_code is StatusCode.ERROR:
             return True
         facts = self.facts
         if facts is not None and facts.keeps_trace:

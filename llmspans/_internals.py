@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections as _collections
 import importlib.metadata
 import operator
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -706,6 +707,37 @@ count_elements: Callable[[dict[Any, int], Any], None] = getattr(
 )
 def _count_elements_present() -> bool:
     return count_elements is not _count_in_python
+
+
+def environment_reader(name: str) -> tuple[Callable[[], Any], Callable[[Any], str]]:
+    """(read, decode) for one environment variable as `os.environ` holds it now: `read()` is its stored value
+    (`os.environ._data`: bytes on POSIX; None when unset) without `os.environ`'s Python layers, a key for a
+    cache, and `decode` makes it the str `os.environ` gives. Without the private mapping, `read` is
+    `os.environ.get` and `decode` takes its str as it is."""
+    environ = os.environ
+    data = getattr(environ, "_data", None)
+    encodekey = getattr(environ, "encodekey", None)
+    decodevalue = getattr(environ, "decodevalue", None)
+    if type(data) is not dict or encodekey is None or decodevalue is None:
+        return (lambda: environ.get(name)), str
+    key = encodekey(name)
+    return (lambda: data.get(key)), decodevalue
+
+
+@_reach(
+    "os.environ._data",
+    ("python",),
+    checked="CPython 3.11",
+    fallback="the environment is read through os.environ.get (slower, the same values)",
+)
+def _environ_data_present() -> bool:
+    environ = os.environ
+    data = getattr(environ, "_data", None)
+    encodekey = getattr(environ, "encodekey", None)
+    if type(data) is not dict or encodekey is None or not hasattr(environ, "decodevalue"):
+        return False
+    key = encodekey("PATH")
+    return key in data if "PATH" in environ else key not in data
 
 
 # --- openai: raw responses -------------------------------------------------------------------------------------

@@ -237,6 +237,10 @@ class _RootDurations:
     def __init__(self, q: float) -> None:
         self.q = q
         self._windows: dict[str, tuple[deque[int], list[int]]] = {}
+        self._full_rank = self._rank(WINDOW)  # a full window's (the usual one's), worked out once
+
+    def _rank(self, count: int) -> int:
+        return min(max(1, math.ceil(self.q * count - 1e-9)), count)
 
     def slower(self, name: str, duration_ns: int) -> bool:
         """Whether this root is slower than the percentile of its name's window, then add it to the window."""
@@ -251,7 +255,7 @@ class _RootDurations:
         if count < WARM_UP:
             slow = True
         else:
-            rank = min(max(1, math.ceil(self.q * count - 1e-9)), count)
+            rank = self._full_rank if count == WINDOW else self._rank(count)
             slow = duration_ns > ordered[rank - 1]
         if count >= WINDOW:
             oldest = arrival.popleft()
@@ -350,6 +354,7 @@ class TailSamplingProcessor(Holder):
         self._quiet_starts = all(quiet_at_start(processor) for processor in wrapped)
         self._threshold = sampling.threshold
         self._chance_weight = sampling.weight
+        self._by_chance = sampling.ratio > 0
         self._th_chance = threshold_hex(self._threshold)
         slower = sampling.slower_than
         threshold = None if slower is None else parse_duration(slower, what="slower_than", percentiles=True)
@@ -385,9 +390,48 @@ class TailSamplingProcessor(Holder):
     def on_end(self, span: ReadableSpan) -> None:
         self._ended(span)
 
-    def hold(self, span: HeldSpan) -> None:
-        """A held span ended (`_held_span`): held as it is, built only if its trace is kept."""
-        self._ended(span)
+    def hold(self, span: HeldSpan, parent: SpanContext | None, duration_ns: int) -> None:
+        """A held span ended (`_held_span`): held as it is, built only if its trace is kept.
+
+        A local root while nothing is held and its trace is not yet decided (a lone call or stage, the
+        commonest end by far) is decided here on the spot, as `_ended` and `_decide_alone` would decide it,
+        with none of their general bookkeeping; anything else goes to `_ended`."""
+        if (parent is not None and not parent.is_remote) or _guard.faults or self._shutdown:
+            self._ended(span)
+            return
+        context = span.context
+        trace_id = context[0]
+        try:
+            with self._lock:
+                decided = self._decided
+                if self._held or trace_id in decided:
+                    alone = False
+                else:
+                    alone = True
+                    keep = span.keeps_trace()
+                    if self._durations is not None:
+                        keep = self._durations.slower(span.name, duration_ns) or keep  # every root joins
+                    elif self._slower_ns is not None and duration_ns > self._slower_ns:
+                        keep = True
+                    if keep:  # `_weight`, inlined
+                        weight = 1.0
+                    elif not self._by_chance:
+                        weight = 0.0
+                    else:
+                        chance = trace_id & _RANDOMNESS_MASK if not context[4] else randomness(context)
+                        weight = self._chance_weight if chance >= self._threshold else 0.0
+                    decided[trace_id] = weight
+                    if len(decided) > RECENT_DECISIONS:
+                        decided.popitem(last=False)
+        except Exception as error:
+            _guard.report(sites.TAIL_SAMPLING_DECIDE, error)
+            return
+        if not alone:
+            self._ended(span)
+        elif weight:
+            self._export((([span], weight),))
+        else:
+            span.drop()  # dropped: it lets go of its owner now
 
     def _ended(self, span: ReadableSpan | HeldSpan) -> None:
         decisions: list[_Decision] = []
@@ -544,12 +588,7 @@ class TailSamplingProcessor(Holder):
     def _remember(
         self, trace_id: int, spans: list[ReadableSpan | HeldSpan], keep: bool, context: SpanContext | None
     ) -> _Decision:
-        if keep:
-            weight = 1.0
-        elif context is not None and randomness(context) >= self._threshold and self.sampling.ratio > 0:
-            weight = self._chance_weight
-        else:
-            weight = 0.0
+        weight = self._weight(keep, context)
         decided = self._decided
         decided[trace_id] = weight
         if len(decided) > RECENT_DECISIONS:
@@ -560,6 +599,16 @@ class TailSamplingProcessor(Holder):
             if type(span) is HeldSpan:
                 span.drop()
         return [], 0.0
+
+    def _weight(self, keep: bool, context: SpanContext | None) -> float:
+        """A decided trace's weight: 1 kept whole, `1/ratio` kept by chance, 0 dropped."""
+        if keep:
+            return 1.0
+        if context is None or not self._by_chance:
+            return 0.0
+        # `randomness`, without its call for the usual context with no tracestate
+        chance = context[0] & _RANDOMNESS_MASK if not context[4] else randomness(context)
+        return self._chance_weight if chance >= self._threshold else 0.0
 
     # --- handing on ----------------------------------------------------------------------------------
 
