@@ -287,7 +287,8 @@ async def async_workload(server: SimulatedServer) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    server.enqueue(Behavior(chunks=3, drop_after=1))
+    # The cut comes a gap after the first chunk: that chunk is read in both runs, not lost with the reset.
+    server.enqueue(Behavior(chunks=3, drop_after=1, chunk_gap=0.05))
     with pytest.raises(openai.APIError):
         async for _chunk in await client.chat.completions.create(
             model="sim-model", messages=MESSAGES, stream=True

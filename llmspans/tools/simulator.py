@@ -90,7 +90,7 @@ class Behavior:
     usage from non-streamed bodies. ``done`` only applies to chat and completions streams
     (the Responses API never sends ``[DONE]``). ``finish_reason="length"`` makes a
     Responses-API answer ``incomplete``. ``drop_after`` closes the TCP connection after
-    that many content chunks (for non-streamed answers: half-way through the body).
+    that many content chunks, when the next was due (for non-streamed answers: half-way through the body).
     """
 
     status: int = 200
@@ -690,6 +690,7 @@ class Exchange:
         content = plan.content
         for i in range(b.chunks):
             if i == b.drop_after:
+                self.wait_until(deadline)  # the server dies when the next chunk was due, not with the last
                 self.drop()
             frame = content(i)
             rec.chunk_due_ns.append(deadline)
