@@ -151,11 +151,7 @@ def prometheus_server(jobs: Mapping[str, int]) -> Iterator[PrometheusServer]:
             {"PATH": "/usr/bin:/bin"}, workdir, log,
         )  # fmt: skip
         server = PrometheusServer(f"http://127.0.0.1:{port}", log)
-        try:
-            process.wait_ready(_http_ok(f"{server.url}/-/ready"), 30.0)
-        except Exception:
-            process.stop()
-            raise
+        process.ready_or_stopped(_http_ok(f"{server.url}/-/ready"), 30.0)
         return process, server
 
     with _run_server("prometheus", start) as server:
