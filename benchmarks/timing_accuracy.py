@@ -11,13 +11,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
+from pathlib import Path
 
 import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/openai_clients.py
 
 import llmspans
 from llmspans import _names as names
 from llmspans.testing import capture
 from llmspans.tools.simulator import Behavior, SimulatedServer
+from tests.support.openai_clients import read_through
 
 FIRST, GAP, CHUNKS, RETRY_AFTER = 0.08, 0.02, 6, 0.04
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -48,15 +53,7 @@ def measure(calls: int, use_async: bool) -> dict[str, list[float]]:
         async def one(stream: bool, retries: int) -> None:
             server.enqueue(*[Behavior(status=429, retry_after_ms=RETRY_AFTER * 1000)] * retries)
             create = client.chat.completions.create  # type: ignore[attr-defined]
-            result = create(model="m", messages=MESSAGES, stream=stream)
-            result = await result if use_async else result
-            if stream:
-                if use_async:
-                    async for _ in result:
-                        pass
-                else:
-                    for _ in result:
-                        pass
+            await read_through(create(model="m", messages=MESSAGES, stream=stream), stream, use_async)
 
         async def run() -> None:
             await one(False, 0)  # warm-up

@@ -432,14 +432,14 @@ def main(argv: Iterable[str] | None = None) -> int:
     ):
         print("--instructions needs valgrind and its headers (apt-get install valgrind)", file=sys.stderr)
         return 2
+    sys.path.insert(0, str(HERE))  # floor.py: the callgrind shim, and whether an optional module is there
+    from floor import _build_shim, _importable
+
     if "otel-v2" in args.setups and not _importable("opentelemetry.instrumentation.openai_v2"):
         args.setups = [setup for setup in args.setups if setup != "otel-v2"]
     with tempfile.TemporaryDirectory(prefix="llmspans-whole-") as tmp:
         workdir = Path(tmp)
         if args.instructions:
-            sys.path.insert(0, str(HERE))
-            from floor import _build_shim
-
             args.shim = _build_shim(workdir)
         results = figures(args, workdir)
     lines = report(results, args.instructions)
@@ -448,15 +448,6 @@ def main(argv: Iterable[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                "results": results}, indent=1))  # fmt: skip
     return 0
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 if __name__ == "__main__":

@@ -21,13 +21,10 @@ from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     HistogramDataPoint,
     InMemoryMetricReader,
-    MetricExporter,
-    MetricExportResult,
     MetricsData,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 import llmspans
@@ -35,45 +32,13 @@ from llmspans import _metrics, _stages, _telemetry
 from llmspans import _names as names
 from llmspans._aggregation import CARDINALITY_LIMIT, AggregatingReader, Aggregation
 from llmspans._call import CallRecord
+from tests.support.golden import CountingIds, Kept
 
 MS = 1_000_000
 TEMPORALITIES = {
     "cumulative": AggregationTemporality.CUMULATIVE,
     "delta": AggregationTemporality.DELTA,
 }
-
-
-class CountingIds(IdGenerator):
-    """The same span and trace ids run after run, so both paths' exemplars can be compared."""
-
-    def __init__(self) -> None:
-        self._next = itertools.count(1)
-
-    def generate_span_id(self) -> int:
-        return next(self._next)
-
-    def generate_trace_id(self) -> int:
-        return next(self._next) << 64
-
-
-class Kept(MetricExporter):
-    """A metric exporter that keeps what it was given."""
-
-    def __init__(self, temporality: AggregationTemporality) -> None:
-        super().__init__(preferred_temporality={Histogram: temporality, Counter: temporality})
-        self.exported: list[MetricsData] = []
-
-    def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-    ) -> MetricExportResult:
-        self.exported.append(metrics_data)
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        pass
 
 
 def play(round_number: int) -> None:

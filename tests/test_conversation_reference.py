@@ -27,6 +27,7 @@ import llmspans
 from llmspans import _names as names
 from llmspans import _telemetry
 from tests.support import recorded
+from tests.support.openai_clients import read_through
 from tests.support.recorded import ReplayServer
 
 CHAT_CASES = [name for name in recorded.names() if not name.startswith("responses_")]
@@ -98,14 +99,7 @@ async def test_llmspans_records_what_openai_v2_records_but_for_the_listed_differ
     llmspans.instrument(client, capture_content=True)
     try:
         result = client.chat.completions.create(**recording.request)
-        result = await result if use_async else result
-        if recording.request.get("stream"):
-            if use_async:
-                async for _ in result:
-                    pass
-            else:
-                for _ in result:
-                    pass
+        await read_through(result, bool(recording.request.get("stream")), use_async)
     except openai.APIStatusError:
         assert recording.status >= 400
     finally:

@@ -52,16 +52,28 @@ def check_real_stream(span: Any, server: TransformersServer) -> None:
     assert total == pytest.approx((span.end_time - span.start_time) * 1e-9, abs=2e-6)
 
 
+def instrumented(cls: Any, server: TransformersServer) -> Any:
+    """An instrumented openai client (`openai.OpenAI` or `openai.AsyncOpenAI`) of the real server, no retries."""
+    return llmspans.instrument(cls(base_url=server.base_url, api_key="x", max_retries=0))
+
+
+def say_hello(server: TransformersServer, **fields: Any) -> dict[str, Any]:
+    """A greedy (temperature 0) chat request to the server's model, with `fields` added."""
+    return {
+        "model": server.model,
+        "messages": [{"role": "user", "content": "Say hello"}],
+        "temperature": 0,
+        **fields,
+    }
+
+
 def test_openai_sdk_streams_from_transformers_serve(
     transformers_serve: TransformersServer, captured: Captured
 ) -> None:
-    client = llmspans.instrument(
-        openai.OpenAI(base_url=transformers_serve.base_url, api_key="x", max_retries=0)
-    )
+    client = instrumented(openai.OpenAI, transformers_serve)
     stream = client.chat.completions.create(
-        model=transformers_serve.model, messages=[{"role": "user", "content": "Say hello"}], stream=True,
-        max_tokens=MAX_TOKENS, temperature=0,
-    )  # fmt: skip
+        **say_hello(transformers_serve, stream=True, max_tokens=MAX_TOKENS)
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     check_real_stream(llm_span(captured), transformers_serve)
@@ -72,13 +84,10 @@ def test_openai_sdk_streams_from_transformers_serve(
 async def test_async_openai_sdk_against_transformers_serve(
     transformers_serve: TransformersServer, captured: Captured
 ) -> None:
-    client = llmspans.instrument(
-        openai.AsyncOpenAI(base_url=transformers_serve.base_url, api_key="x", max_retries=0)
-    )
+    client = instrumented(openai.AsyncOpenAI, transformers_serve)
     stream = await client.chat.completions.create(
-        model=transformers_serve.model, messages=[{"role": "user", "content": "Say hello"}], stream=True,
-        max_tokens=MAX_TOKENS, temperature=0,
-    )  # fmt: skip
+        **say_hello(transformers_serve, stream=True, max_tokens=MAX_TOKENS)
+    )
     async for _ in stream:
         pass
     check_real_stream(llm_span(captured), transformers_serve)
@@ -87,15 +96,8 @@ async def test_async_openai_sdk_against_transformers_serve(
 def test_non_streamed_call_to_transformers_serve(
     transformers_serve: TransformersServer, captured: Captured
 ) -> None:
-    client = llmspans.instrument(
-        openai.OpenAI(base_url=transformers_serve.base_url, api_key="x", max_retries=0)
-    )
-    result = client.chat.completions.create(
-        model=transformers_serve.model,
-        messages=[{"role": "user", "content": "Say hello"}],
-        max_tokens=4,
-        temperature=0,
-    )
+    client = instrumented(openai.OpenAI, transformers_serve)
+    result = client.chat.completions.create(**say_hello(transformers_serve, max_tokens=4))
     attrs = llm_span(captured).attributes
     assert attrs[names.GEN_AI_USAGE_OUTPUT_TOKENS] == result.usage.completion_tokens == 4
     assert attrs[names.BUCKET_PREFIX + "first_token"] > 0

@@ -14,7 +14,6 @@ times given, is compared whole, times included.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import os
@@ -36,7 +35,6 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -45,7 +43,8 @@ from llmspans import _held_span, _setup, _tail_sampling, _telemetry
 from llmspans import _names as names
 from llmspans.testing import settle
 from llmspans.tools.simulator import Behavior, SimulatedServer
-from tests.support.realservers import PhoenixServer
+from tests.support.golden import CountingIds
+from tests.support.realservers import PhoenixServer, flatten
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 # Attributes whose values the clock decides (and the id the server gives each answer, counting up across
@@ -56,19 +55,6 @@ TIMED = {
     names.ITL_P95, names.ITL_MAX, names.OUTPUT_TOKENS_PER_SECOND, names.BUDGET_OVERRUN, names.ELAPSED,
     names.RETRY_BACKOFF, names.CONNECT_DURATION, names.HEDGE_FIRST_TOKEN,
 }  # fmt: skip
-
-
-class _Counter(IdGenerator):
-    """Ids drawn in order: two runs that start their spans in the same order get the same ids."""
-
-    def __init__(self) -> None:
-        self._next = itertools.count(1)
-
-    def generate_span_id(self) -> int:
-        return next(self._next)
-
-    def generate_trace_id(self) -> int:
-        return (1 << 100) + next(self._next)
 
 
 class _Starts(SpanProcessor):
@@ -86,7 +72,7 @@ def recording(held: bool, tail: bool) -> Iterator[Callable[[], list[ReadableSpan
     """Record into a provider whose spans are held (or not), under tail sampling that keeps every trace
     (ratio 1, no slower_than rule) or on a plain provider; yields what was exported, settled."""
     exported = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ALWAYS_ON, id_generator=_Counter())
+    provider = TracerProvider(sampler=ALWAYS_ON, id_generator=CountingIds())
     if tail:
         sampling = llmspans.TailSampling(ratio=1.0, slower_than=None, defer=held)
         provider.add_span_processor(
@@ -463,7 +449,7 @@ def _sdk_and_held(
     found = []
     for held in (False, True):
         exported = InMemorySpanExporter()
-        provider = TracerProvider(id_generator=_Counter(), span_limits=limits)
+        provider = TracerProvider(id_generator=CountingIds(), span_limits=limits)
         provider.add_span_processor(SimpleSpanProcessor(exported))
         tracer = provider.get_tracer("probe", "1.0")
 
@@ -534,7 +520,7 @@ def test_held_spans_follow_the_providers_sampler_and_parents() -> None:
         for parent in (None, remote_sampled, remote_not):
             made = []
             for held in (False, True):
-                provider = TracerProvider(sampler=sampler, id_generator=_Counter())
+                provider = TracerProvider(sampler=sampler, id_generator=CountingIds())
                 provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
                 tracer = provider.get_tracer("probe")
                 context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
@@ -761,8 +747,8 @@ def test_held_spans_reach_phoenix_as_sdk_spans_do(phoenix: PhoenixServer, tmp_pa
             span["name"]: {
                 "kind": span["span_kind"], "status": span["status_code"],
                 "parent": span["parent_id"] is not None,
-                "attributes": sorted(_flat(span["attributes"])), "events": [e["name"] for e in span["events"]],
-                "error": _flat(span["attributes"]).get(names.ERROR_TYPE),
+                "attributes": sorted(flatten(span["attributes"])), "events": [e["name"] for e in span["events"]],
+                "error": flatten(span["attributes"]).get(names.ERROR_TYPE),
             }
             for span in spans
         }  # fmt: skip
@@ -772,13 +758,3 @@ def test_held_spans_reach_phoenix_as_sdk_spans_do(phoenix: PhoenixServer, tmp_pa
     assert (
         stored["held"]["chat sim"]["error"] == "InternalServerError"
     )  # the SDK raised it; the 500 is the attempt span's
-
-
-def _flat(attributes: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in attributes.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

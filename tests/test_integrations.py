@@ -1024,48 +1024,38 @@ def test_output_tokens_per_second_counts_only_streamed_calls_on_a_live_prometheu
     without streaming shows no line (it used to be +Inf: tokens over no stream time), and a model called
     both ways shows the streamed calls' own decode rate (it used to be overstated by the non-streamed
     calls' tokens)."""
-    import subprocess
-    import sys
     import time
 
-    from tests.support.prometheus import SCRAPE_INTERVAL_S, prometheus_server
+    from tests.support.prometheus import SCRAPE_INTERVAL_S, cued_app, prometheus_server
     from tests.support.realservers import free_ports
 
     (port,) = free_ports(1)
-    with prometheus_server({"throughput": port}) as prometheus:
-        app = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.throughput_app", str(port)],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        assert app.stdin is not None
-        assert app.stdout is not None
-        try:
-            assert app.stdout.readline().strip() == "ready"
-            streamed = 'sum(llmspans_stream_output_speed_per_second_count{job="throughput"})'
-            prometheus.wait_for(streamed, 3)
-            # The window opens now: its first sample is a later scrape, taken before the measured round,
-            # so rate() sees that round alone (a first scrape taken mid-warm-up would leak into it).
-            opened = time.time()
-            time.sleep(2 * SCRAPE_INTERVAL_S)
-            app.stdin.write("go\n")
-            app.stdin.flush()
-            done, _, payload = app.stdout.readline().partition(" ")
-            assert done == "done"
-            speeds = json.loads(payload)
-            prometheus.wait_for(streamed, 6)
-            query = _panel_query("Output tokens per second", "{{gen_ai_request_model}} while streaming")
-            window = f"{int((time.time() - opened) * 1000)}ms"
-            shown = {
-                labels["gen_ai_request_model"]: value
-                for labels, value in prometheus.query(
-                    query.replace("$service", "throughput")
-                    .replace("$model", ".*")
-                    .replace("$__rate_interval", window)
-                )
-            }
-        finally:
-            app.stdin.close()
-            app.wait(timeout=30)
+    with (
+        prometheus_server({"throughput": port}) as prometheus,
+        cued_app("tests.support.throughput_app", str(port)) as app,
+    ):
+        streamed = 'sum(llmspans_stream_output_speed_per_second_count{job="throughput"})'
+        prometheus.wait_for(streamed, 3)
+        # The window opens now: its first sample is a later scrape, taken before the measured round,
+        # so rate() sees that round alone (a first scrape taken mid-warm-up would leak into it).
+        opened = time.time()
+        time.sleep(2 * SCRAPE_INTERVAL_S)
+        app.stdin.write("go\n")
+        app.stdin.flush()
+        done, _, payload = app.stdout.readline().partition(" ")
+        assert done == "done"
+        speeds = json.loads(payload)
+        prometheus.wait_for(streamed, 6)
+        query = _panel_query("Output tokens per second", "{{gen_ai_request_model}} while streaming")
+        window = f"{int((time.time() - opened) * 1000)}ms"
+        shown = {
+            labels["gen_ai_request_model"]: value
+            for labels, value in prometheus.query(
+                query.replace("$service", "throughput")
+                .replace("$model", ".*")
+                .replace("$__rate_interval", window)
+            )
+        }
     assert len(speeds) == 3
     assert set(shown) == {"both"}
     assert shown["both"] == pytest.approx(sum(speeds) / len(speeds), rel=1e-6)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from html.parser import HTMLParser
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -26,7 +26,7 @@ from llmspans.report._model import FINDING_QUEUE, FINDING_STALLED, Distribution,
 from llmspans.report._sources.jaeger import JAEGER_TRACES_PATH
 from llmspans.report._spans import spans_of_document
 from llmspans.report._text import render as render_text
-from tests.support.local_http import serving
+from tests.support.local_http import QuietHandler, serving
 from tests.support.report_files import read_spans
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -423,7 +423,7 @@ def test_churn_from_streams_closed_before_their_end_is_put_on_the_sdk() -> None:
 # --- reading: the recorded file and the recorded Jaeger answer ------------------------------------
 
 
-class _Jaeger(BaseHTTPRequestHandler):
+class _Jaeger(QuietHandler):
     """Answers `GET /api/v3/traces` like Jaeger v2: the recorded response for the recorded service, 404 else."""
 
     queries: list[dict[str, list[str]]]
@@ -434,19 +434,9 @@ class _Jaeger(BaseHTTPRequestHandler):
         self.server.queries.append(query)  # type: ignore[attr-defined]
         body = self.server.body  # type: ignore[attr-defined]
         if url.path == JAEGER_TRACES_PATH and query.get("query.serviceName") == [SERVICE]:
-            self._send(200, body)
+            self.reply(200, body)
         else:
-            self._send(404, b'{"error":{"httpCode":404,"message":"No traces found"}}')
-
-    def _send(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+            self.reply(404, b'{"error":{"httpCode":404,"message":"No traces found"}}')
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from llmspans.testing import capture
 from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.support import hedge_workload
 from tests.support import levers_workload as workload
-from tests.support.prometheus import prometheus_server
+from tests.support.prometheus import cued_app, prometheus_server
 from tests.support.realservers import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,31 +176,23 @@ def test_prometheus_counts_what_the_levers_did(capsys: pytest.CaptureFixture[str
     every call and at most stretches the count by what the scrapes in the window allow."""
     (port,) = free_ports(1)
     spans = tmp_path / "levers.jsonl"
-    with prometheus_server({"levers": port}) as server:
-        app = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.prometheus_levers_app", str(port), str(spans)],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            assert app.stdout is not None
-            assert app.stdin is not None
-            assert app.stdout.readline().strip() == "ready"
-            window = server.window('llmspans_cache_lookups_total{job="levers"}', settled_at=time.time())
-            app.stdin.write("go\n")
-            app.stdin.flush()
-            assert app.stdout.readline().strip() == "done"
-            server.wait_for('sum(llmspans_cache_lookups_total{job="levers"})', 2 * workload.TURNS)
-            code = main(["report", "--prometheus", server.url, "--service", "levers", "--since", window.since(),
-                         "--json"])  # fmt: skip
-            stretch = window.stretch()
-            out = capsys.readouterr().out
-            assert code == 0
-            text_code = main(["report", "--prometheus", server.url, "--service", "levers", "--since",
-                              window.since()])  # fmt: skip
-            text = capsys.readouterr().out
-        finally:
-            app.stdin.close()  # type: ignore[union-attr]
-            app.wait(timeout=30)
+    with (
+        prometheus_server({"levers": port}) as server,
+        cued_app("tests.support.prometheus_levers_app", str(port), str(spans)) as app,
+    ):
+        window = server.window('llmspans_cache_lookups_total{job="levers"}', settled_at=time.time())
+        app.stdin.write("go\n")
+        app.stdin.flush()
+        assert app.stdout.readline().strip() == "done"
+        server.wait_for('sum(llmspans_cache_lookups_total{job="levers"})', 2 * workload.TURNS)
+        code = main(["report", "--prometheus", server.url, "--service", "levers", "--since", window.since(),
+                     "--json"])  # fmt: skip
+        stretch = window.stretch()
+        out = capsys.readouterr().out
+        assert code == 0
+        text_code = main(["report", "--prometheus", server.url, "--service", "levers", "--since",
+                          window.since()])  # fmt: skip
+        text = capsys.readouterr().out
     assert text_code == 0
     report = json.loads(out)
     caps = report["prompt_caps"]

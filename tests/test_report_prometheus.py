@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -29,7 +28,7 @@ from llmspans.__main__ import main
 from llmspans.report._compare import NO_INTERVAL
 from llmspans.report._model import part_label
 from llmspans.tools.demo import BUDGETS, SCENARIOS, TURN_BUDGET
-from tests.support.local_http import serving
+from tests.support.local_http import QuietHandler, serving
 from tests.support.prometheus import SCRAPE_INTERVAL_S, PrometheusServer, RunWindow, prometheus_server
 from tests.support.prometheus_app import TURNS, WARM_UP_TURNS
 from tests.support.realservers import free_ports
@@ -220,7 +219,7 @@ def test_an_unreachable_prometheus_is_a_one_line_error(capsys: pytest.CaptureFix
     assert err.startswith(f"llmspans report: cannot reach Prometheus at http://127.0.0.1:{port}")
 
 
-class _ExemplarsOnly(BaseHTTPRequestHandler):
+class _ExemplarsOnly(QuietHandler):
     """A Prometheus API with five turns of 5 s and nothing else, and two exemplars in the shape of
     Prometheus' `query_exemplars` answer, so the report lists the traces behind them (their trace ids
     `server.trace_ids` when the server has them)."""
@@ -242,15 +241,7 @@ class _ExemplarsOnly(BaseHTTPRequestHandler):
         else:
             turns = [{"metric": {"llmspans_stage": "turn"}, "value": [1.0, "5"]}]
             data = {"resultType": "vector", "result": turns if "llmspans_stage_duration" in query else []}
-        body = json.dumps({"status": "success", "data": data}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, json.dumps({"status": "success", "data": data}).encode())
 
 
 def test_exemplars_stand_in_for_the_slowest_traces(capsys: pytest.CaptureFixture[str]) -> None:

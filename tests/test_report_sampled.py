@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -36,8 +35,8 @@ from llmspans.report._analysis import analyse_batches
 from llmspans.report._sources.file import FileSource
 from llmspans.report._sources.jaeger import JAEGER_TRACES_PATH
 from tests.support import sampled_scenario as scenario
-from tests.support.local_http import serving
-from tests.support.prometheus import SCRAPE_INTERVAL_S, prometheus_server
+from tests.support.local_http import QuietHandler, serving
+from tests.support.prometheus import SCRAPE_INTERVAL_S, cued_app, prometheus_server
 from tests.support.realservers import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,19 +242,13 @@ def test_spans_and_metrics_in_two_files_give_the_report_of_one(run: Run, tmp_pat
     assert one == two
 
 
-class _Jaeger(BaseHTTPRequestHandler):
+class _Jaeger(QuietHandler):
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         wanted = url.path == JAEGER_TRACES_PATH and query.get("query.serviceName") == [scenario.SERVICE]
         body = self.server.body if wanted else b'{"error":{"httpCode":404}}'  # type: ignore[attr-defined]
-        self.send_response(200 if wanted else 404)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200 if wanted else 404, body, content_type=None)
 
 
 def test_from_jaeger_the_kept_traces_give_the_traces_only_report(
@@ -326,32 +319,23 @@ def test_prometheus_gives_the_verdict_the_file_gives(
     two largest parts lie within 1.5x of each other; never another part."""
     (port,) = free_ports(1)
     calls = 'sum(gen_ai_client_operation_duration_seconds_count{job="sampled"})'
-    with prometheus_server({"sampled": port}) as server:
-        app = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.sampled_scenario", str(tmp_path), "--seed", str(SEED),
-             "--turns", str(PROMETHEUS_TURNS), "--metrics-file", str(tmp_path / "metrics.jsonl"),
-             "--prometheus-port", str(port)],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            assert app.stdout is not None
-            assert app.stdin is not None
-            assert app.stdout.readline().strip() == "ready"
-            server.wait_for(calls, scenario.WARM_UP_TURNS)  # every series scraped before the measured turns
-            started = time.time()
-            app.stdin.write("go\n")
-            app.stdin.flush()
-            assert app.stdout.readline().strip() == "done"
-            server.wait_for(calls, scenario.WARM_UP_TURNS + PROMETHEUS_TURNS)
-            window = time.time() - started + SCRAPE_INTERVAL_S / 2
-            # --tempo with --prometheus: Tempo is only where exemplars link to; the figures are Prometheus'
-            code = main(["report", "--prometheus", server.url, "--service", "sampled", "--since", f"{window:.3f}s",
-                         "--tempo", "http://127.0.0.1:9", "--json"])  # fmt: skip
-            from_prometheus = json.loads(capsys.readouterr().out)
-        finally:
-            assert app.stdin is not None
-            app.stdin.close()
-            app.wait(timeout=30)
+    app_args = ["--seed", str(SEED), "--turns", str(PROMETHEUS_TURNS), "--metrics-file",
+                str(tmp_path / "metrics.jsonl"), "--prometheus-port", str(port)]  # fmt: skip
+    with (
+        prometheus_server({"sampled": port}) as server,
+        cued_app("tests.support.sampled_scenario", str(tmp_path), *app_args) as app,
+    ):
+        server.wait_for(calls, scenario.WARM_UP_TURNS)  # every series scraped before the measured turns
+        started = time.time()
+        app.stdin.write("go\n")
+        app.stdin.flush()
+        assert app.stdout.readline().strip() == "done"
+        server.wait_for(calls, scenario.WARM_UP_TURNS + PROMETHEUS_TURNS)
+        window = time.time() - started + SCRAPE_INTERVAL_S / 2
+        # --tempo with --prometheus: Tempo is only where exemplars link to; the figures are Prometheus'
+        code = main(["report", "--prometheus", server.url, "--service", "sampled", "--since", f"{window:.3f}s",
+                     "--tempo", "http://127.0.0.1:9", "--json"])  # fmt: skip
+        from_prometheus = json.loads(capsys.readouterr().out)
     assert code == 0
     from_file = report_of(tmp_path / "sampled.jsonl", tmp_path / "metrics.jsonl")
     assert (

@@ -52,14 +52,21 @@ def names_and_seconds(parts: Any) -> list[tuple[str, float]]:
     return [(part.name, pytest.approx(part.seconds)) for part in parts]
 
 
-def test_the_newer_engine_splits_with_its_own_prefill_and_decode() -> None:
-    result = split(NEWER_SPAN, BUCKETS, streamed=True)
+def split_streamed(span: Any, engine: str, prefill: float, front_end: float, queue: float) -> Any:
+    """The streamed call's split of BUCKETS by `span`: made by `engine`, first token in queue, prefill,
+    front end and the 0.02 s left to network and client, and the stream in 0.50 s decode and 0.03 s left."""
+    result = split(span, BUCKETS, streamed=True)
     assert result is not None
-    assert result.engine == ENGINE_NEWER
+    assert result.engine == engine
     assert names_and_seconds(result.first_token) == [
-        (SERVER_QUEUE, 0.10), (PREFILL, 0.15), (SERVER_FRONT_END, 0.05), (NETWORK_AND_CLIENT, 0.02),
+        (SERVER_QUEUE, queue), (PREFILL, prefill), (SERVER_FRONT_END, front_end), (NETWORK_AND_CLIENT, 0.02),
     ]  # fmt: skip
     assert names_and_seconds(result.stream) == [(SERVER_DECODE, 0.50), (NETWORK_AND_CLIENT, 0.03)]
+    return result
+
+
+def test_the_newer_engine_splits_with_its_own_prefill_and_decode() -> None:
+    result = split_streamed(NEWER_SPAN, ENGINE_NEWER, prefill=0.15, front_end=0.05, queue=0.10)
     assert [part.derived for part in result.first_token] == [False, False, True, True]
     assert result.notes == ()
     assert sum(part.seconds for part in result.first_token) == BUCKETS["first_token"]
@@ -67,13 +74,7 @@ def test_the_newer_engine_splits_with_its_own_prefill_and_decode() -> None:
 
 
 def test_the_older_engine_derives_prefill_and_decode_and_says_so() -> None:
-    result = split(OLDER_SPAN, BUCKETS, streamed=True)
-    assert result is not None
-    assert result.engine == ENGINE_OLDER
-    assert names_and_seconds(result.first_token) == [
-        (SERVER_QUEUE, 0.12), (PREFILL, 0.18), (SERVER_FRONT_END, 0.0), (NETWORK_AND_CLIENT, 0.02),
-    ]  # fmt: skip
-    assert names_and_seconds(result.stream) == [(SERVER_DECODE, 0.50), (NETWORK_AND_CLIENT, 0.03)]
+    result = split_streamed(OLDER_SPAN, ENGINE_OLDER, prefill=0.18, front_end=0.0, queue=0.12)
     assert [part.derived for part in result.first_token] == [False, True, True, True]
     assert result.stream[0].derived
     assert NOTE_PREFILL_DERIVED in result.notes

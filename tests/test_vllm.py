@@ -103,6 +103,22 @@ def server_spans(sim: VLLMSimulator, receiver: OTLPReceiver, count: int) -> list
     return receiver.wait_for_spans(names.VLLM_SERVER_SPAN, count)
 
 
+def streamed_calls_at_once(client: openai.OpenAI, count: int, max_tokens: int, timeout: float) -> None:
+    """`count` streamed calls sent together, one a thread, each read to its end (its span ends there)."""
+
+    def call() -> None:
+        for _ in client.chat.completions.create(
+            model=MODEL, messages=ask(), stream=True, max_tokens=max_tokens
+        ):
+            pass
+
+    threads = [threading.Thread(target=call) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+
+
 def hex_id(value: int, width: int) -> str:
     return format(value, f"0{width}x")
 
@@ -307,17 +323,7 @@ def test_queue_time_when_more_requests_than_max_num_seqs(receiver: OTLPReceiver,
     with VLLMSimulator(config, otlp_traces_endpoint=receiver.traces_url) as sim:
         client = client_for(sim)
         client.models.list()  # not an LLM call: warms the connection pool's code paths
-
-        def one_call() -> None:
-            stream = client.chat.completions.create(model=MODEL, messages=ask(), stream=True, max_tokens=4)
-            for _ in stream:
-                pass
-
-        threads = [threading.Thread(target=one_call) for _ in range(calls)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(10)
+        streamed_calls_at_once(client, calls, max_tokens=4, timeout=10)
         spans = server_spans(sim, receiver, calls)
         records = sorted(sim.requests, key=lambda r: r.scheduled_ts)
     by_id = {span.attributes[names.GEN_AI_REQUEST_ID]: span for span in spans}
@@ -1136,18 +1142,7 @@ def test_a_burst_is_seen_by_every_call_that_queued_in_it(receiver: OTLPReceiver,
             assert sampler.wait_for_sample(2.0)
             client = client_for(sim, server_metrics=sampler)
             assert sampler.span_attributes()[names.VLLM_NUM_REQUESTS_WAITING] == 0
-
-            def call() -> None:
-                for _ in client.chat.completions.create(
-                    model=MODEL, messages=ask(), stream=True, max_tokens=20
-                ):
-                    pass
-
-            threads = [threading.Thread(target=call) for _ in range(calls)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(30)
+            streamed_calls_at_once(client, calls, max_tokens=20, timeout=30)
             reads = len(sampler._sampler.reads)
         spans = server_spans(sim, receiver, calls)
     queued = {

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import httpx
 import openai
 from opentelemetry import metrics as otel_metrics
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     HistogramDataPoint,
@@ -40,6 +41,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -175,11 +177,26 @@ def scenarios(server: SimulatedServer, alive: list[Any]) -> list[tuple[str, Call
 # --- where the values go --------------------------------------------------------------------------
 
 
-class _Kept(MetricExporter):
-    """Keeps what our aggregation's reader exports (cumulative)."""
+class CountingIds(IdGenerator):
+    """Ids drawn in order: two runs that start their spans in the same order get the same ids (and so the
+    same sampling decisions and exemplars)."""
 
     def __init__(self) -> None:
-        super().__init__(preferred_temporality={})
+        self._next = itertools.count(1)
+
+    def generate_span_id(self) -> int:
+        return next(self._next)
+
+    def generate_trace_id(self) -> int:
+        return (1 << 100) + next(self._next)
+
+
+class Kept(MetricExporter):
+    """A metric exporter that keeps what it was given (cumulative unless told `temporality`)."""
+
+    def __init__(self, temporality: AggregationTemporality | None = None) -> None:
+        chosen = {} if temporality is None else {Histogram: temporality, Counter: temporality}
+        super().__init__(preferred_temporality=chosen)
         self.exported: list[MetricsData] = []
 
     def export(
@@ -211,7 +228,7 @@ def _our_path(tracer_provider: TracerProvider) -> Iterator[Callable[[], MetricsD
     from llmspans._aggregation import AggregatingReader, Aggregation
     from llmspans._metrics import SdkRecorder
 
-    exporter = _Kept()
+    exporter = Kept()
     aggregation = Aggregation()
     reader = AggregatingReader(
         exporter, aggregation, Resource.create({}), InstrumentationScope(names.INSTRUMENTATION_NAME),

@@ -9,6 +9,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A handler that answers with one call and keeps the test's output free of access-log lines."""
+
+    def reply(self, status: int, body: bytes, content_type: str | None = "application/json") -> None:
+        self.send_response(status)
+        if content_type is not None:
+            self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @contextmanager
 def serving(handler: type[BaseHTTPRequestHandler], **state: Any) -> Iterator[ThreadingHTTPServer]:
     """Serve `handler` on a free port; `state` becomes attributes of the server its handlers share

@@ -48,6 +48,20 @@ async def aiter_list(stream: AsyncIterator[Any]) -> list[Any]:
     return [item async for item in stream]
 
 
+async def read_through(result: Any, stream: bool, use_async: bool) -> None:
+    """Await a sync or async client's `create()` result and, for a stream, read it to its end (the call
+    span ends there), so one code path serves the sync and async clients alike."""
+    result = await result if use_async else result
+    if not stream:
+        return
+    if use_async:
+        async for _ in result:
+            pass
+    else:
+        for _ in result:
+            pass
+
+
 def outcome(captured: Captured) -> str:
     """The one call span's stream outcome."""
     return str(call_span(captured).attributes[names.STREAM_OUTCOME])

@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
+import sys
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple, TextIO
 
 import pytest
 
@@ -31,6 +33,7 @@ from tests.support.realservers import (
     real_servers_required,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 SCRAPE_INTERVAL_S = 0.5
 
@@ -148,12 +151,34 @@ def prometheus_server(jobs: Mapping[str, int]) -> Iterator[PrometheusServer]:
             {"PATH": "/usr/bin:/bin"}, workdir, log,
         )  # fmt: skip
         server = PrometheusServer(f"http://127.0.0.1:{port}", log)
-        try:
-            process.wait_ready(_http_ok(f"{server.url}/-/ready"), 30.0)
-        except Exception:
-            process.stop()
-            raise
+        process.ready_or_stopped(_http_ok(f"{server.url}/-/ready"), 30.0)
         return process, server
 
     with _run_server("prometheus", start) as server:
         yield server
+
+
+class CuedApp(NamedTuple):
+    """An app process that printed `ready` and waits for `go` on its stdin."""
+
+    stdin: TextIO
+    stdout: TextIO
+
+
+@contextlib.contextmanager
+def cued_app(*module_and_args: str) -> Iterator[CuedApp]:
+    """Run `python -m module args...` at the repository root until it says `ready`; on the way out close its
+    stdin (its cue to end) and wait for it, so its last metrics and spans are written before the test reads
+    them."""
+    app = subprocess.Popen(
+        [sys.executable, "-m", *module_and_args],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert app.stdin is not None
+    assert app.stdout is not None
+    try:
+        assert app.stdout.readline().strip() == "ready"
+        yield CuedApp(app.stdin, app.stdout)
+    finally:
+        app.stdin.close()
+        app.wait(timeout=30)

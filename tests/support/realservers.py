@@ -275,6 +275,15 @@ class _ServerProcess:
                 )
             time.sleep(0.1)
 
+    def ready_or_stopped(self, is_ready: Callable[[], bool], timeout: float) -> None:
+        """`wait_ready`, but a server that never came up is stopped before the error leaves: no process
+        group outlives a failed start."""
+        try:
+            self.wait_ready(is_ready, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
     def stop(self, grace: float = STOP_GRACE) -> None:
         """SIGTERM to the whole group; SIGKILL to whatever is left after ``grace`` seconds."""
         pgid = self.popen.pid  # start_new_session: the server leads its own group
@@ -480,14 +489,9 @@ def phoenix_server(
             log_path=log_path,
             pid=process.popen.pid,
         )
-        try:
-            process.wait_ready(
-                lambda: _http_ok(f"{server.http_endpoint}/healthz")() and _tcp_open(grpc_port),
-                startup_timeout,
-            )
-        except BaseException:
-            process.stop()
-            raise
+        process.ready_or_stopped(
+            lambda: _http_ok(f"{server.http_endpoint}/healthz")() and _tcp_open(grpc_port), startup_timeout
+        )
         return process, server
 
     with _run_server("phoenix", start) as server:
