@@ -244,10 +244,16 @@ def _same(held_spans: list[ReadableSpan], sdk_spans: list[ReadableSpan]) -> list
     return held_shown
 
 
+def _content(chunk: Any) -> bool:
+    return bool(chunk.choices and chunk.choices[0].delta.content)
+
+
 async def async_workload(server: SimulatedServer) -> None:
     """The ends a stream can have, async and sync: read to its end, closed after one chunk, its task
     cancelled while it waits for the next, cut by the server after one chunk; and a failed async call."""
-    server.default = Behavior(chunks=3, usage="finish")
+    # Chunks 50 ms apart, the first 50 ms after the role chunk: a stream closed or cancelled at its first
+    # content chunk has read exactly that one in both runs (back to back, one TCP read could hold more).
+    server.default = Behavior(chunks=3, usage="finish", chunk_gap=0.05, first_chunk_delay=0.05)
     client = llmspans.instrument(openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0))
     plain = llmspans.instrument(openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
     with llmspans.turn("async chat"):
@@ -256,17 +262,20 @@ async def async_workload(server: SimulatedServer) -> None:
         ):
             pass
         stream = await client.chat.completions.create(model="sim-model", messages=MESSAGES, stream=True)
-        async for _chunk in stream:
-            break
+        async for chunk in stream:
+            if _content(chunk):
+                break
         await stream.close()
-    server.enqueue(Behavior(chunks=3, chunk_gap=30.0))  # (the server's wait ends with the connection)
+    # (the server's wait ends with the connection)
+    server.enqueue(Behavior(chunks=3, chunk_gap=30.0, first_chunk_delay=0.05))
     first = asyncio.Event()
 
     async def read() -> None:
         async for _chunk in await client.chat.completions.create(
             model="sim-model", messages=MESSAGES, stream=True
         ):
-            first.set()
+            if _content(_chunk):
+                first.set()
 
     task = asyncio.create_task(read())
     await first.wait()
@@ -281,7 +290,7 @@ async def async_workload(server: SimulatedServer) -> None:
         ):
             pass
     sync_stream = plain.chat.completions.create(model="sim-model", messages=MESSAGES, stream=True)
-    next(iter(sync_stream))
+    next(chunk for chunk in sync_stream if _content(chunk))
     sync_stream.close()
     with pytest.raises(openai.APIStatusError):
         await client.chat.completions.create(
