@@ -144,15 +144,20 @@ def call_span(captured: Captured) -> ReadableSpan:
     return calls[0]
 
 
-def attempt_spans(captured: Captured) -> dict[str, ReadableSpan]:
-    """The copies' attempt spans by role (one attempt each in these tests)."""
-    found = {}
-    for span in captured.spans:
-        role = (span.attributes or {}).get(names.HEDGE_ROLE)
-        if role is not None:
-            assert role not in found, role
-            found[role] = span
-    return found
+def attempt_spans(captured: Captured, *roles: str) -> dict[str, ReadableSpan]:
+    """The copies' attempt spans by role (one attempt each in these tests), once those of `roles` have ended:
+    a cut copy's span ends when its cancelled attempt does, which may be just after the call returned."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = {}
+        for span in captured.spans:
+            role = (span.attributes or {}).get(names.HEDGE_ROLE)
+            if role is not None:
+                assert role not in found, role
+                found[role] = span
+        if set(roles) <= set(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.01)
 
 
 def requests_of(server: SimulatedServer) -> list[RecordedRequest]:
@@ -196,7 +201,7 @@ def test_no_backup_is_sent_when_the_primary_answers_within_after(
         assert [s.name for s in captured.spans] == ["chat sim-model"]
         assert call[names.HTTP_RESPONSE_STATUS_CODE] == 200
     else:  # every attempt has its span, the primary's with what it did
-        primary = attempt_spans(captured)[names.HEDGE_ROLE_PRIMARY].attributes or {}
+        primary = attempt_spans(captured, names.HEDGE_ROLE_PRIMARY)[names.HEDGE_ROLE_PRIMARY].attributes or {}
         assert primary[names.HEDGE_WON] is True
         assert primary[names.HEDGE_FIRST_TOKEN] > 0
     assert not [e for e in call_span(captured).events if e.name == names.EVENT_HEDGE]
@@ -221,7 +226,7 @@ def test_a_slow_primary_is_beaten_by_a_backup_sent_after_after(
     call = span.attributes or {}
     assert (call[names.HEDGE_FIRED], call[names.HEDGE_WON_BY]) == (True, names.HEDGE_ROLE_BACKUP)
     assert call[names.GEN_AI_RESPONSE_ID] == answer.id
-    copies = attempt_spans(captured)
+    copies = attempt_spans(captured, names.HEDGE_ROLE_PRIMARY, names.HEDGE_ROLE_BACKUP)
     assert (copies[names.HEDGE_ROLE_PRIMARY].attributes or {})[names.HEDGE_WON] is False
     assert (copies[names.HEDGE_ROLE_BACKUP].attributes or {})[names.HEDGE_WON] is True
     assert names.HEDGE_FIRST_TOKEN not in (copies[names.HEDGE_ROLE_PRIMARY].attributes or {})
@@ -279,7 +284,7 @@ def test_a_backup_client_on_another_replica_wins_and_the_slow_replica_sees_the_c
     assert answer.text == "Hello, this is a"  # five chunks: the other replica's answer
     assert was_cut(primary, stream)
     assert backup.finished_ns is not None
-    copies = attempt_spans(captured)
+    copies = attempt_spans(captured, names.HEDGE_ROLE_PRIMARY, names.HEDGE_ROLE_BACKUP)
     assert (copies[names.HEDGE_ROLE_BACKUP].attributes or {})[names.SERVER_PORT] == other.port
     assert (copies[names.HEDGE_ROLE_PRIMARY].attributes or {})[names.SERVER_PORT] == slow_replica.port
 
