@@ -41,6 +41,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 import llmspans
 from llmspans import _held_span, _setup, _tail_sampling, _telemetry
 from llmspans import _names as names
+from llmspans._openai_wire import carries_tokens
 from llmspans.testing import settle
 from llmspans.tools.simulator import Behavior, SimulatedServer
 from tests.support.golden import CountingIds
@@ -244,10 +245,6 @@ def _same(held_spans: list[ReadableSpan], sdk_spans: list[ReadableSpan]) -> list
     return held_shown
 
 
-def _content(chunk: Any) -> bool:
-    return bool(chunk.choices and chunk.choices[0].delta.content)
-
-
 async def async_workload(server: SimulatedServer) -> None:
     """The ends a stream can have, async and sync: read to its end, closed after one chunk, its task
     cancelled while it waits for the next, cut by the server after one chunk; and a failed async call."""
@@ -263,7 +260,7 @@ async def async_workload(server: SimulatedServer) -> None:
             pass
         stream = await client.chat.completions.create(model="sim-model", messages=MESSAGES, stream=True)
         async for chunk in stream:
-            if _content(chunk):
+            if carries_tokens(chunk):
                 break
         await stream.close()
     # (the server's wait ends with the connection)
@@ -271,10 +268,10 @@ async def async_workload(server: SimulatedServer) -> None:
     first = asyncio.Event()
 
     async def read() -> None:
-        async for _chunk in await client.chat.completions.create(
+        async for chunk in await client.chat.completions.create(
             model="sim-model", messages=MESSAGES, stream=True
         ):
-            if _content(_chunk):
+            if carries_tokens(chunk):
                 first.set()
 
     task = asyncio.create_task(read())
@@ -290,7 +287,7 @@ async def async_workload(server: SimulatedServer) -> None:
         ):
             pass
     sync_stream = plain.chat.completions.create(model="sim-model", messages=MESSAGES, stream=True)
-    next(chunk for chunk in sync_stream if _content(chunk))
+    next(chunk for chunk in sync_stream if carries_tokens(chunk))
     sync_stream.close()
     with pytest.raises(openai.APIStatusError):
         await client.chat.completions.create(
