@@ -127,13 +127,13 @@ class Aggregation:
             # (`SpanContext` is a tuple: trace_id, span_id, is_remote, flags, state, is_valid; read without
             # its properties' calls, as `_internals.span_context` makes it)
             held = span.context
-            return Sample(span, held[1], held[0], time_ns) if held[5] else None
+            return Sample(None, held[1], held[0], time_ns) if held[5] else None
         span_context = span.get_span_context()
         if not span_context.is_valid or (
             self.exemplar_filter == "trace_based" and not span_context.trace_flags.sampled
         ):
             return None
-        return Sample(span, span_context.span_id, span_context.trace_id, time_ns)
+        return Sample(None, span_context.span_id, span_context.trace_id, time_ns)  # ids only: `Sample`
 
     def chunk_recorder(self, labels: Labels, sample: Sample | None) -> Callable[[int], None] | None:
         return None  # the stream counts its gaps on the boundaries itself: `add_distribution`

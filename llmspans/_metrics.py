@@ -150,11 +150,16 @@ class Labels:
 
 
 class Sample:
-    """Where the exemplars of one call, stage or turn come from: its span, at the moment it ended."""
+    """Where the exemplars of one call, stage or turn come from: its span, at the moment it ended.
+
+    `span` is for the SDK's instruments, which take exemplars from a context; llmspans' own aggregation
+    needs only the ids and passes None: an exemplar lives until the next collection, and a span held for
+    it would keep its attributes and events alive that long (hundreds of spans, more after a slow spell
+    fills more buckets)."""
 
     __slots__ = ("_context", "span", "span_id", "time_ns", "trace_id")
 
-    def __init__(self, span: trace.Span, span_id: int, trace_id: int, time_ns: int) -> None:
+    def __init__(self, span: trace.Span | None, span_id: int, trace_id: int, time_ns: int) -> None:
         self.span = span
         self.span_id = span_id
         self.trace_id = trace_id
@@ -165,7 +170,8 @@ class Sample:
     def context(self) -> otel_context.Context:
         """A context holding the span: what the SDK's instruments take their exemplar from."""
         if self._context is None:
-            self._context = trace.set_span_in_context(self.span, otel_context.Context())
+            span = self.span if self.span is not None else trace.INVALID_SPAN
+            self._context = trace.set_span_in_context(span, otel_context.Context())
         return self._context
 
 
