@@ -530,11 +530,30 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
     pairs' time (about 9 s at double load, 4 s quiet), while the sampler keeps reading (once a second, and
     at once for a call that waits), so a front end that answers any read within 2 s in those seconds puts
     one inside a wait. With 256 tokens the waits were half as long and a stalled front end could outlast
-    them all (the test was retried for that)."""
+    them all. Even with 480, one quiet CI run (another test group on the other core) had no read inside
+    any wait: a burst without one is sent once more, and a failure lists every read and every wait."""
     calls = 16
     sampler = busy_server_sampler(real_vllm)
     client = client_for(real_vllm, server_metrics=sampler)
+    assert sampler.late_after == 0.1
+    try:
+        read_inside, summary = one_burst(real_vllm, client, sampler, captured, calls)
+        if not read_inside:  # a front end that answered no read inside any wait: once more, and say so
+            print(f"\nreal vLLM burst, no read inside any wait, so a second burst: {summary}")
+            read_inside, summary = one_burst(real_vllm, client, sampler, captured, calls)
+    finally:
+        sampler.close()
+    assert read_inside, f"no read fell inside any call's wait, in two bursts: {summary}"
+    print(f"\nreal vLLM burst: {summary}")
+
+
+def one_burst(
+    real_vllm: VLLMServer, client: Any, sampler: ServerMetrics, captured: Captured, calls: int
+) -> tuple[int, str]:
+    """Sends the burst and checks each call's stamp against the reads; returns how many calls had a read
+    inside their wait, and what the burst saw (for a failure's message)."""
     timings: dict[str, tuple[int, int]] = {}  # response id -> (sent, first content), perf_counter_ns
+    before = len(call_spans(captured))
 
     def timed() -> None:
         sent, first, response_id = time.perf_counter_ns(), 0, ""
@@ -551,9 +570,8 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
         thread.start()
     for thread in threads:  # eight rounds of LONG tokens: seconds on a quiet machine, a minute at double load
         thread.join(300)
-    reads, late_after = sampler._sampler.reads, sampler.late_after
-    sampler.close()
-    spans = call_spans(captured)
+    reads = sampler._sampler.reads
+    spans = call_spans(captured)[before:]
     assert len(spans) == len(timings) == calls
     found = server_spans_of(real_vllm, spans)
     # The reads' times are this process's perf_counter_ns; the spans' are wall-clock. The record pairs
@@ -561,8 +579,11 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
     # busy machine stops a thread between its two reads of them.
     wall_minus_perf = min(time.time_ns() - time.perf_counter_ns() for _ in range(5))
     now = time.time_ns()
-    assert late_after == 0.1
     read_inside = 0
+    waits: list[
+        tuple[float, float]
+    ] = []  # each call's wait as the record has it, seconds after the first send
+    origin = min(sent for sent, _ in timings.values())
     for span in spans:
         sent, first = timings[span.attributes[names.GEN_AI_RESPONSE_ID]]
         seen = span.attributes.get(names.VLLM_NUM_REQUESTS_WAITING_MAX)
@@ -576,6 +597,7 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
         record_first = first_token.timestamp - wall_minus_perf
         server_had_it = found[trace_hex(span)].start_ns - wall_minus_perf
         slack = 5_000_000 + clock_slack((now - span.start_time) / 1e9) * 1e9  # and the wall clock's slewing
+        waits.append(((server_had_it - origin) / 1e9, (record_first - origin) / 1e9))
         must = [
             read.waiting
             for read in reads
@@ -588,13 +610,19 @@ def test_a_burst_is_read_while_its_calls_wait(real_vllm: VLLMServer, captured: C
             read_inside += 1
             assert seen is not None, "a read inside the call's wait, not stamped"
             assert seen >= max(must)
-    assert read_inside, "no read fell inside any call's wait"
     queues = sorted(found[trace_hex(span)].attributes[names.GEN_AI_LATENCY_TIME_IN_QUEUE] for span in spans)
     most = max(span.attributes.get(names.VLLM_NUM_REQUESTS_WAITING_MAX, 0) for span in spans)
-    print(
-        f"\nreal vLLM burst: server queue p50 {queues[7]:.2f} s, max {queues[-1]:.2f} s; {read_inside} of {calls} "
-        f"calls had a read inside their wait, most waiting {most}"
+    burst_reads = [
+        (round((read.sent_ns - origin) / 1e9, 2), round((read.answered_ns - origin) / 1e9, 2), read.waiting)
+        for read in reads
+        if read.answered_ns >= origin
+    ]
+    summary = (
+        f"server queue p50 {queues[calls // 2 - 1]:.2f} s, max {queues[-1]:.2f} s; {read_inside} of {calls} "
+        f"calls had a read inside their wait, most waiting {most}; reads (sent, answered, waiting; s after "
+        f"the first send) {burst_reads}; waits {sorted((round(a, 2), round(b, 2)) for a, b in waits)}"
     )
+    return read_inside, summary
 
 
 def test_the_pressure_signals_under_sustained_load(
