@@ -94,7 +94,7 @@ STREAM_OUTPUT_SPEED = InstrumentSpec(
     "measurement per streamed call that reported its output tokens.",
     HISTOGRAM, names.SPEED_BOUNDARIES,
 )  # fmt: skip
-# The levers' own (README "Levers"): recorded only where a prompt cap or a cache lookup is used.
+# The levers' own (docs/levers.md): recorded only where a prompt cap or a cache lookup is used.
 PROMPT_ESTIMATE_RATIO = InstrumentSpec(
     10, names.METRIC_PROMPT_ESTIMATE_RATIO, "1",
     "A capped call's estimated prompt tokens over the input tokens the server reported.",

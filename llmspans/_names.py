@@ -144,7 +144,7 @@ LOAD_REPLAY_SOURCE: Final = "llmspans.load.replay.source"
 LOAD_REPLAY_TRACE_ID: Final = "llmspans.load.replay.trace_id"
 LOAD_REPLAY_SPAN_ID: Final = "llmspans.load.replay.span_id"
 
-# Levers (docs/telemetry.md, README "Levers"): a prompt cap on an instrumented client, and cache lookups.
+# Levers (docs/telemetry.md, docs/levers.md): a prompt cap on an instrumented client, and cache lookups.
 # A capped call's prompt size as estimated before sending, by what, against which cap, and the estimate over
 # the server's own count once it answered (`gen_ai.usage.input_tokens`).
 PROMPT_ESTIMATED_TOKENS: Final = "llmspans.prompt.estimated_tokens"

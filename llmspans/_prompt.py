@@ -6,7 +6,7 @@ counts the text the prompt carries (`prompt_pieces`) with a tokenizer when one i
 else characters/4, and the span says which. Over the cap, `"record"` sends the call and marks it;
 `"error"` ends the call and raises `PromptTooLarge` before a byte is sent. After the answer the estimate
 is compared with the server's own count (`PromptEstimate.finished`). What each figure means:
-docs/telemetry.md; the choices: README "Levers".
+docs/telemetry.md; the choices: docs/prompt-caps.md.
 
 Tokenizers are never downloaded. A named one (`hf:...`, `tiktoken:...`) is loaded once per process when
 a client is instrumented with it; the default picks tiktoken's encoding for each model name tiktoken

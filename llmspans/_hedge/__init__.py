@@ -7,5 +7,5 @@ copy as the transport sees it (an `AttemptWatcher` composing the call) and what 
 the winner's stream to the app; `alarms` sends a sync call's backup when it comes due; `policy` is the public
 `Hedge` (when, to whom, which calls). This package sits above the adapters: it imports `_adapters.openai_sdk`'s
 public names, learns of attempts only as the transport's `AttemptWatcher`, and the adapter knows a hedge only as
-`_settings.Sending`. What each figure means: docs/telemetry.md; the choices: README "Levers".
+`_settings.Sending`. What each figure means: docs/telemetry.md; the choices: docs/levers.md.
 """

@@ -76,7 +76,7 @@ class Race:
 
     def fire(self) -> Copy | None:
         """The backup is due: the copy to send if the call still needs one (with a limiter slot of its own, only
-        if one is free now: README "Levers"), else None. The caller sends it."""
+        if one is free now: docs/hedging.md), else None. The caller sends it."""
         with self.lock:
             if self.closed or self.backup is not None or self.primary.reached_ns is not None:
                 return None

@@ -281,7 +281,7 @@ def _levels(report: Report) -> str:
 
 
 def _levers(report: Report) -> str:
-    """What the prompt caps, caches and hedges did: a table each (README "Levers")."""
+    """What the prompt caps, caches and hedges did: a table each (docs/levers.md)."""
 
     def cell(found: Distribution | None, q: float) -> str:
         return "-" if found is None else seconds(found.at(q))

@@ -514,7 +514,7 @@ class Report:
     server_pressure: ServerPressure | None = None
     server_histograms: tuple[ServerHistograms, ...] = ()
     levels: tuple[LevelRow, ...] = ()  # calls made by `llmspans load`, per level
-    prompt_caps: PromptCaps | None = None  # the levers (README "Levers"), where the app used them
+    prompt_caps: PromptCaps | None = None  # the levers (docs/levers.md), where the app used them
     caches: tuple[CacheRow, ...] = ()
     hedging: Hedging | None = None
     traces_read: int | None = None  # a weighted (tail-sampled) input: the traces read; `traces` is weighted

@@ -350,7 +350,7 @@ def render(report: Report, comparison: Comparison | None = None) -> str:
 
 
 def _levers(report: Report) -> list[str]:
-    """What the prompt caps and caches did (README "Levers"), a paragraph each after one blank line."""
+    """What the prompt caps and caches did (docs/levers.md), a paragraph each after one blank line."""
     out: list[str] = []
     caps = report.prompt_caps
     if caps is not None:
