@@ -235,8 +235,10 @@ async def test_the_knee_and_what_grew_on_two_generators_are_one_processs_for_the
     workload = Workload(model="sim-model", max_tokens=8, prompt_tokens=100)
     plan = Plan(
         shape=SHAPE_CONCURRENCY, levels=parse_levels("2", SHAPE_CONCURRENCY), sweep=True, requests_per_level=8,
-        max_requests=24, max_seconds=120, slo={"ttft": 0.3},
+        max_requests=24, max_seconds=120, slo={"ttft": 1.5},
     )  # fmt: skip
+    # The SLO is for goodput only, and far above the knee's p95 TTFT (about 0.5 s): a level that breaks
+    # it ends the sweep, and at 0.3 s a loaded machine's first level did (p95 381 ms at 2 users).
     alone = await run_on(batch_slots.base_url, workload, plan, generators=None, provider="vllm")
     spread = await run_on(batch_slots.base_url, workload, plan, generators=NODES, provider="vllm")
     text = render_text(spread.result)
