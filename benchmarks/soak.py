@@ -257,7 +257,15 @@ async def async_streams(base_url: str, count: int, result: Round) -> None:
         nonlocal open_now
         open_now += 1
         result.peak_open_streams = max(result.peak_open_streams, open_now)
-        if open_now == reaching:
+        if open_now >= reaching:
+            all_open.set()
+
+    def never_opened() -> None:
+        """A stream that failed before it opened (its error is the round's finding): the others must not
+        wait for it, or the round hangs (seen on a loaded machine, uninstrumented round included)."""
+        nonlocal reaching
+        reaching -= 1
+        if open_now >= reaching:
             all_open.set()
 
     async def one(index: int) -> None:
@@ -273,13 +281,17 @@ async def async_streams(base_url: str, count: int, result: Round) -> None:
                 model="soak", messages=MESSAGES, stream=True, extra_body=extra
             )
             raise AssertionError("the headers of a stalled request came")
-        async with opening:
-            stream = await client.chat.completions.create(
-                model="soak", messages=MESSAGES, stream=True, extra_body=extra
-            )
-        async for chunk in stream:
-            if is_content(chunk):
-                break
+        try:
+            async with opening:
+                stream = await client.chat.completions.create(
+                    model="soak", messages=MESSAGES, stream=True, extra_body=extra
+                )
+            async for chunk in stream:
+                if is_content(chunk):
+                    break
+        except BaseException:
+            never_opened()
+            raise
         opened()
         await all_open.wait()
         if kind == "abandoned":
