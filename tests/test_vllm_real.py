@@ -625,6 +625,7 @@ def one_burst(
     return read_inside, summary
 
 
+@retry_timing  # a front end that answers no read while the queue is full leaves the calls the idle page
 def test_the_pressure_signals_under_sustained_load(
     real_vllm: VLLMServer, captured: Captured, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -642,7 +643,9 @@ def test_the_pressure_signals_under_sustained_load(
     requests rising by at least one between the earlier and the later half of the calls, while the
     client's own queue stayed empty, and says the queue is on the server. The sampler waits up to 10 s
     for each phase of a read: at double load vLLM's front end answered `/metrics` after more than 2 s
-    while its engine's queue was full, and reads that time out left every call the idle page from before."""
+    while its engine's queue was full, and reads that time out left every call the idle page from before.
+    Even so, once in a local CI run (another test run beside it) vLLM's queue held its calls (the first
+    assertion passed) while no read was answered inside them (waiting 0 -> 0): the run is tried again."""
     sampler = busy_server_sampler(real_vllm, timeout=10.0)
     client = client_for(real_vllm, server_metrics=sampler)
     for _ in range(10):
