@@ -9,7 +9,9 @@ attributes, boundaries, bucket counts, counts, sums, min, max and exemplars.
 from __future__ import annotations
 
 import bisect
+import gc
 import itertools
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -201,6 +203,26 @@ def test_attribute_sets_beyond_the_limit_count_in_one_overflow_set() -> None:
     assert len(attribute_sets) == CARDINALITY_LIMIT + 1
     overflow = [p for p in metric.data.data_points if dict(p.attributes) == {names.METRIC_OVERFLOW: True}]
     assert [point.count for point in overflow] == [5]
+
+
+def test_an_exemplar_keeps_its_span_s_ids_not_the_span() -> None:
+    """An exemplar lives until the next collection; the span it came from must not (its attributes and
+    events held that long, hundreds of spans at once, made the soak's heap swing by a thousand blocks)."""
+    aggregation = Aggregation()
+    span = TracerProvider().get_tracer("t").start_span("call")
+    span.set_attribute("big", "x" * 1000)
+    span.end()
+    ids = span.get_span_context()
+    aggregation.add(
+        [(_metrics.STAGE_DURATION, 0.5, _metrics.Labels({names.STAGE: "s"}))], aggregation.sample(span, 1)
+    )
+    gone = weakref.ref(span)
+    del span
+    gc.collect()
+    assert gone() is None  # the aggregation let it go
+    (metric,) = aggregation.collect(lambda spec: AggregationTemporality.CUMULATIVE)
+    (point,) = metric.data.data_points
+    assert [(e.span_id, e.trace_id) for e in point.exemplars] == [(ids.span_id, ids.trace_id)]
 
 
 def test_a_forked_child_starts_from_zero() -> None:
