@@ -208,6 +208,38 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])  # closed again when the block ends: connections are refused
 
 
+class Clock:
+    """`time.monotonic` for `_exporters`, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_at_exit_no_signal_starts_an_export_after_the_first_export_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The exit's bound is shared: an endpoint not known down still gets its final flush at once, a
+    down one none, and past `EXPORT_TIMEOUT_S` after the exit began no signal starts a real export, so
+    the export in flight and one more end within `SHUTDOWN_BOUND_S` whatever the signals' states."""
+    clock = Clock()
+    monkeypatch.setattr(_exporters, "time", clock)
+    spans = _exporters.ExportHealth("spans", "http://127.0.0.1:1/v1/traces", warn=False)
+    metrics = _exporters.ExportHealth("metrics", "http://127.0.0.1:1/v1/metrics", warn=False)
+    spans.failed(1, "Connection refused")
+    assert metrics.should_attempt()
+    assert not spans.should_attempt()  # they wait for their next probe
+    _exporters.mark_closing((spans, metrics))
+    clock.now += 0.1
+    assert metrics.should_attempt(), "a final flush to an endpoint not known down"
+    clock.now += _exporters.PROBE_INTERVAL_S
+    assert not spans.should_attempt(), "a down endpoint is not probed at exit"
+    clock.now = 1000.0 + _exporters.SHUTDOWN_BOUND_S - _exporters.EXPORT_TIMEOUT_S + 0.01
+    assert not metrics.should_attempt(), "started this late, an export could outlast the bound"
+
+
 CALLS = 25
 
 
