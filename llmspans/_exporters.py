@@ -234,6 +234,13 @@ class ExportHealth:
     def down(self) -> bool:
         return self._down
 
+    def close(self, attempts_until: float) -> None:
+        """The process is exiting: a down endpoint is not tried again, and no export starts after
+        `attempts_until` (monotonic); `mark_closing` says why."""
+        with self._lock:
+            self._attempts_until = attempts_until
+            self.closing = True
+
     def should_attempt(self) -> bool:
         with self._lock:
             if self.closing and time.monotonic() >= self._attempts_until:
@@ -417,9 +424,7 @@ def mark_closing(health: tuple[ExportHealth, ...]) -> None:
     an exit against a refused port took 19.8 s once in a local CI run (bound 10 s; usually 3.3 s)."""
     attempts_until = time.monotonic() + SHUTDOWN_BOUND_S - EXPORT_TIMEOUT_S
     for signal_health in health:
-        with signal_health._lock:
-            signal_health._attempts_until = attempts_until
-            signal_health.closing = True
+        signal_health.close(attempts_until)
 
 
 class _CountingSpanProcessor(BatchSpanProcessor):

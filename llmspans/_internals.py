@@ -709,17 +709,27 @@ def _count_elements_present() -> bool:
     return count_elements is not _count_in_python
 
 
-def environment_reader(name: str) -> tuple[Callable[[], Any], Callable[[Any], str]]:
-    """(read, decode) for one environment variable as `os.environ` holds it now: `read()` is its stored value
-    (`os.environ._data`: bytes on POSIX; None when unset) without `os.environ`'s Python layers, a key for a
-    cache, and `decode` makes it the str `os.environ` gives. Without the private mapping, `read` is
-    `os.environ.get` and `decode` takes its str as it is."""
+def _environ_parts() -> tuple[dict[Any, Any], Callable[[str], Any], Callable[[Any], str]] | None:
+    """`os.environ`'s stored mapping and its key and value codecs, where CPython keeps them; else None."""
     environ = os.environ
     data = getattr(environ, "_data", None)
     encodekey = getattr(environ, "encodekey", None)
     decodevalue = getattr(environ, "decodevalue", None)
     if type(data) is not dict or encodekey is None or decodevalue is None:
+        return None
+    return data, encodekey, decodevalue
+
+
+def environment_reader(name: str) -> tuple[Callable[[], Any], Callable[[Any], str]]:
+    """(read, decode) for one environment variable as `os.environ` holds it now: `read()` is its stored value
+    (`os.environ._data`: bytes on POSIX; None when unset) without `os.environ`'s Python layers, a key for a
+    cache, and `decode` makes it the str `os.environ` gives. Without the private mapping, `read` is
+    `os.environ.get` and `decode` takes its str as it is."""
+    parts = _environ_parts()
+    if parts is None:
+        environ = os.environ
         return (lambda: environ.get(name)), str
+    data, encodekey, decodevalue = parts
     key = encodekey(name)
     return (lambda: data.get(key)), decodevalue
 
@@ -731,13 +741,12 @@ def environment_reader(name: str) -> tuple[Callable[[], Any], Callable[[Any], st
     fallback="the environment is read through os.environ.get (slower, the same values)",
 )
 def _environ_data_present() -> bool:
-    environ = os.environ
-    data = getattr(environ, "_data", None)
-    encodekey = getattr(environ, "encodekey", None)
-    if type(data) is not dict or encodekey is None or not hasattr(environ, "decodevalue"):
+    parts = _environ_parts()
+    if parts is None:
         return False
+    data, encodekey, _ = parts
     key = encodekey("PATH")
-    return key in data if "PATH" in environ else key not in data
+    return key in data if "PATH" in os.environ else key not in data
 
 
 # --- openai: raw responses -------------------------------------------------------------------------------------
